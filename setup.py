@@ -1,0 +1,33 @@
+"""Ships ``sglang_mxfp8.pth`` at the top of site-packages, in wheels and in editable installs.
+
+SGLang 0.5.10.post1 has no plugin system and starts its scheduler with ``spawn``, so the only way
+a stock ``python -m sglang.launch_server`` runs our code in every process is a startup ``.pth``
+hook. Metadata lives in setup.cfg; this file only adds the hook to both install modes.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
+
+PTH_NAME = "sglang_mxfp8.pth"
+PTH_SOURCE = Path(__file__).parent / "sglang_mxfp8" / "startup" / PTH_NAME
+
+
+class BuildPyWithPth(build_py):
+    def run(self):
+        super().run()
+        self.copy_file(str(PTH_SOURCE), str(Path(self.build_lib) / PTH_NAME), preserve_mode=0)
+
+    def get_outputs(self, include_bytecode=True):
+        return super().get_outputs(include_bytecode) + [str(Path(self.build_lib) / PTH_NAME)]
+
+
+class EditableWheelWithPth(editable_wheel):
+    def _install_namespaces(self, installation_dir, pth_prefix):
+        super()._install_namespaces(installation_dir, pth_prefix)
+        (Path(installation_dir) / PTH_NAME).write_text(PTH_SOURCE.read_text())
+
+
+setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})

@@ -1,0 +1,107 @@
+"""Dense MXFP8 GEMM backends, one class each, and the dispatch that picks one per layer.
+
+Each backend: ``is_supported(gpu)``, ``can_implement(n, k)``, ``create_buffers(layer)`` (derived
+tensors allocated once), ``process_weights_after_loading(layer)`` (idempotent, in place) and
+``apply(layer, x, bias)``. The choice itself is :func:`sglang_mxfp8.resolver.resolve_dense`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Optional, Type
+
+import torch
+
+from . import resolver
+from .gpu import current_gpu, flashinfer_available
+from .refit import BlockScaleConverter
+
+logger = logging.getLogger(__name__)
+
+
+class DenseBackend:
+    kernel: str = ""
+    block_rows: int = 1
+
+    def __init__(self, choice: resolver.Choice, layer_name: str):
+        self.choice = choice
+        self.layer_name = layer_name
+
+    def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
+        layer.mxfp8_converter = BlockScaleConverter(1, n, k, self.block_rows, layer.weight.device, self.layer_name)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
+        return layer.mxfp8_converter.refresh(layer.weight.data, scale.data)
+
+    def apply(self, layer, x, bias=None):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class HopperTritonDense(DenseBackend):
+    """Our Triton W8A8 kernel: 1x128 dynamic activation scales x per-row 1x128 weight scales."""
+
+    kernel = resolver.HOPPER_TRITON
+    block_rows = 1
+
+    def apply(self, layer, x, bias=None):
+        from .triton_hopper import quantize_act_1x128, w8a8_gemm
+
+        x2 = x.reshape(-1, x.shape[-1])
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        a_q, a_s = quantize_act_1x128(x2)
+        out = w8a8_gemm(a_q, a_s, layer.weight, layer.mxfp8_converter.block_scale[0], x.dtype, bias)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class HopperFlashInferDense(DenseBackend):
+    """FlashInfer ``fp8_blockscale_gemm_sm90``: BF16 input (quantized 1x128 inside), 128x128 weight scales.
+
+    On FlashInfer 0.6.7.post3 this is the only input combination of that op measured numerically
+    right on an H200; per-row weight scales and external FP8 inputs give 23-39% error.
+    """
+
+    kernel = resolver.HOPPER_FLASHINFER
+    block_rows = 128
+
+    def apply(self, layer, x, bias=None):
+        from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+BACKENDS: Dict[str, Type[DenseBackend]] = {
+    HopperTritonDense.kernel: HopperTritonDense,
+    HopperFlashInferDense.kernel: HopperFlashInferDense,
+}
+
+
+def dispatch_w8a8_mxfp8_linear(
+    n: int, k: int, *, layer: str = "layer", flag: Optional[str] = None, gpu: Optional[resolver.GpuSpec] = None
+) -> DenseBackend:
+    """The dense MXFP8 backend for a weight [n, k], from --fp8-gemm-backend and the GPU."""
+    gpu = gpu or current_gpu()
+    flag = flag or sglang_fp8_gemm_flag()
+    choice = resolver.resolve_dense(gpu, flag, flashinfer=flashinfer_available(), n=n, k=k, layer=layer)
+    if choice.fallback_from:
+        logger.warning("sglang_mxfp8: %s: %s %s -> %s", layer, resolver.DENSE_FLAG, choice.fallback_from, choice)
+    cls = BACKENDS.get(choice.kernel)
+    if cls is None:
+        raise resolver.Mxfp8ConfigError(
+            f"{layer}: kernel {choice.kernel} for {gpu.label} is not built into this sglang_mxfp8 yet; "
+            f"use {resolver.DENSE_FLAG} with one of the Hopper choices or SGLANG_MXFP8_DISABLE=1 for SGLang's own path"
+        )
+    return cls(choice, layer)
+
+
+def sglang_fp8_gemm_flag() -> str:
+    """The --fp8-gemm-backend value SGLang recorded for this process ('auto' before it is set)."""
+    try:
+        from sglang.srt.layers.quantization.fp8_utils import get_fp8_gemm_runner_backend
+    except ImportError:
+        return "auto"
+    return get_fp8_gemm_runner_backend().value

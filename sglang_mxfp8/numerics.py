@@ -1,0 +1,176 @@
+"""MXFP8 numerics in pure torch (CPU and GPU), following OCP MX v1.0.
+
+An MXFP8 tensor is e4m3 elements plus one E8M0 (UE8M0) scale byte per 32 consecutive
+elements along the last dimension (K). Scale byte ``b`` means ``2 ** (b - 127)``; byte 255 is NaN.
+
+Scale rounding. The spec derives the shared exponent as ``floor(log2(amax)) - emax_e4m3`` and lets
+elements that then exceed 448 saturate ("floor"). The MXFP8 pre-training recipe (and
+TransformerEngine, miles, FlashInfer and triton_kernels, which produce the checkpoints our users
+serve) rounds ``amax / 448`` *up* to a power of two instead ("ceil"), so no element saturates.
+We default to "ceil" so that converting a checkpoint here gives the same bytes as the tools that
+trained it; "floor" is available for spec-exact experiments.
+
+Conversion to Hopper block scales. Hopper FP8 tensor-core kernels take one float32 scale per
+1x128 (per row) or 128x128 block. Converting a group of 1x32 power-of-two scales to one
+power-of-two block scale ``2**E`` (E = the largest sub-block exponent) is an exponent shift of each
+element by ``s_i - E <= 0``; it is exact unless a shifted element lands in e4m3's subnormal range,
+so we count and report the elements that changed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Tuple
+
+import torch
+
+MX_BLOCK = 32
+E4M3_MAX = 448.0
+E4M3_EMAX = 8  # 448 = 1.75 * 2**8
+E8M0_BIAS = 127
+E8M0_NAN = 255
+FP8 = torch.float8_e4m3fn
+ScaleRounding = Literal["ceil", "floor"]
+
+
+def _check_k(x: torch.Tensor, what: str) -> None:
+    if x.shape[-1] % MX_BLOCK:
+        raise ValueError(
+            f"{what}: last dimension {x.shape[-1]} is not a multiple of {MX_BLOCK}; "
+            "MXFP8 needs K % 32 == 0 (leave this tensor unquantized instead)"
+        )
+
+
+def _shared_exponent(amax: torch.Tensor, rounding: ScaleRounding) -> torch.Tensor:
+    """Exact integer block exponent from a float32 amax (> 0, finite), as int32."""
+    mant, exp = torch.frexp(amax)  # amax = mant * 2**exp, mant in [0.5, 1)
+    if rounding == "floor":
+        # floor(log2(amax)) = exp - 1; spec: shared_exp = floor(log2(amax)) - emax_elem
+        return (exp - 1 - E4M3_EMAX).to(torch.int32)
+    if rounding != "ceil":
+        raise ValueError(f"scale rounding must be 'ceil' or 'floor', got {rounding!r}")
+    # smallest e with amax <= 448 * 2**e, i.e. amax / 2**e <= 448 exactly
+    e = exp - 1 - E4M3_EMAX  # 2**(exp-1) <= amax, so amax/2**e in [256, 512)
+    e = torch.where(torch.ldexp(amax, -e) > E4M3_MAX, e + 1, e)
+    return e.to(torch.int32)
+
+
+def quantize_mxfp8(
+    x: torch.Tensor, rounding: ScaleRounding = "ceil"
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x[..., K]`` to (e4m3 ``[..., K]``, uint8 E8M0 scales ``[..., K/32]``).
+
+    Zero blocks get scale byte 127 (1.0). Blocks holding NaN or +-Inf get scale byte 255 (NaN)
+    and NaN elements, as OCP MX v1.0 prescribes. Exponents are clamped to E8M0's range [-127, 127].
+    """
+    _check_k(x, "quantize_mxfp8")
+    xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
+    amax = xb.abs().amax(dim=-1)
+    finite = torch.isfinite(amax)
+    nonzero = amax > 0
+    safe_amax = torch.where(finite & nonzero, amax, torch.ones_like(amax))
+    e = _shared_exponent(safe_amax, rounding).clamp(-E8M0_BIAS, E8M0_BIAS)
+    e = torch.where(nonzero, e, torch.zeros_like(e))
+    scaled = torch.ldexp(xb, -e.unsqueeze(-1).to(xb.dtype))
+    q = scaled.clamp(-E4M3_MAX, E4M3_MAX)
+    q = torch.where(finite.unsqueeze(-1), q, torch.full_like(q, float("nan")))
+    scale = (e + E8M0_BIAS).to(torch.uint8)
+    scale = torch.where(finite, scale, torch.full_like(scale, E8M0_NAN))
+    return q.reshape(x.shape).to(FP8), scale
+
+
+def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes -> float32 powers of two (255 -> NaN)."""
+    s = scale.to(torch.int32)
+    val = torch.ldexp(torch.ones_like(s, dtype=torch.float32), (s - E8M0_BIAS).float())
+    return torch.where(s == E8M0_NAN, torch.full_like(val, float("nan")), val)
+
+
+def dequantize_mxfp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(e4m3 ``[..., K]``, uint8 ``[..., K/32]``) -> float32 ``[..., K]``."""
+    _check_k(q, "dequantize_mxfp8")
+    if scale.shape != (*q.shape[:-1], q.shape[-1] // MX_BLOCK):
+        raise ValueError(
+            f"dequantize_mxfp8: scale shape {tuple(scale.shape)} does not match weight "
+            f"{tuple(q.shape)} (expected {(*q.shape[:-1], q.shape[-1] // MX_BLOCK)})"
+        )
+    qb = q.float().reshape(*q.shape[:-1], -1, MX_BLOCK)
+    return (qb * e8m0_to_float(scale).unsqueeze(-1)).reshape(q.shape)
+
+
+def block_exponents(q: torch.Tensor, scale: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """Target exponent per (row block, 128-column block) of MXFP8 ``q [R, K]`` with scales ``[R, K/32]``.
+
+    The maximum sub-block exponent over sub-blocks holding a nonzero element (a zero block's
+    scale byte is arbitrary and must not dominate); 0 for an all-zero block. Shape
+    ``[ceil(R/block_rows), ceil(K/128)]``, int32.
+    """
+    r, k = q.shape
+    none = -(1 << 20)
+    nz = (q.view(torch.uint8) & 0x7F).reshape(r, k // MX_BLOCK, MX_BLOCK).amax(-1) > 0
+    e = torch.where(nz, scale.to(torch.int32) - E8M0_BIAS, torch.full_like(scale, none, dtype=torch.int32))
+    kb = math.ceil(k / 128)
+    nb = math.ceil(r / block_rows)
+    e = torch.nn.functional.pad(e, (0, kb * 4 - e.shape[1], 0, nb * block_rows - r), value=none)
+    e = e.reshape(nb, block_rows, kb, 4).amax(dim=(1, 3))
+    return torch.where(e == none, torch.zeros_like(e), e)
+
+
+def shift_to_block_exponents(q: torch.Tensor, scale: torch.Tensor, exps: torch.Tensor, block_rows: int) -> int:
+    """Rewrite ``q [R, K]`` in place so that ``q * 2**exps`` (blockwise) equals the MXFP8 value.
+
+    Each element moves by ``s_i - E <= 0`` binary places: exact except where it lands in e4m3's
+    subnormal range. Returns how many elements changed value.
+    """
+    r, k = q.shape
+    sub = scale.to(torch.int32) - E8M0_BIAS
+    tgt = exps.repeat_interleave(block_rows, dim=0)[:r].repeat_interleave(4, dim=1)[:, : k // MX_BLOCK]
+    shift = (sub - tgt).clamp(max=0).repeat_interleave(MX_BLOCK, dim=1).float()
+    old = q.float()
+    new = torch.ldexp(old, shift).to(FP8)
+    changed = int((torch.ldexp(new.float(), -shift) != old).sum())
+    q.copy_(new)
+    return changed
+
+
+def exponents_to_scales(exps: torch.Tensor) -> torch.Tensor:
+    return torch.ldexp(torch.ones_like(exps, dtype=torch.float32), exps.float())
+
+
+def convert_to_block_scales(q: torch.Tensor, scale: torch.Tensor, block_rows: int) -> Tuple[torch.Tensor, int]:
+    """Convert MXFP8 ``q [R, K]`` in place to power-of-two block scales; returns (scales, changed).
+
+    ``block_rows`` 1 gives one scale per row per 128 columns ([R, ceil(K/128)]); 128 gives
+    128x128 blocks ([ceil(R/128), ceil(K/128)]). No second FP8 copy of the weight is made.
+    """
+    if block_rows not in (1, 128):
+        raise ValueError(f"block_rows must be 1 or 128, got {block_rows}")
+    if q.dim() != 2 or q.dtype != FP8:
+        raise ValueError(f"expected a 2-D float8_e4m3fn weight, got {q.dtype} {tuple(q.shape)}")
+    _check_k(q, "convert_to_block_scales")
+    r, k = q.shape
+    if scale.shape != (r, k // MX_BLOCK) or scale.dtype != torch.uint8:
+        raise ValueError(f"scale must be uint8 [{r}, {k // MX_BLOCK}], got {scale.dtype} {tuple(scale.shape)}")
+    if bool((scale == E8M0_NAN).any()):
+        raise ValueError("scale holds NaN (0xFF) bytes: the checkpoint has non-finite weights")
+    exps = block_exponents(q, scale, block_rows)
+    changed = shift_to_block_exponents(q, scale, exps, block_rows)
+    return exponents_to_scales(exps), changed
+
+
+def dequantize_block_fp8(q: torch.Tensor, block_scale: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """Float32 value of an FP8 weight ``[R, K]`` with float32 (block_rows x 128) scales."""
+    r, k = q.shape
+    s = block_scale.repeat_interleave(block_rows, 0)[:r].repeat_interleave(128, 1)[:, :k]
+    return q.float() * s
+
+
+def quantize_activation_1x128(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token 1x128 FP8 quantization (float32 scales = amax/448), torch reference."""
+    m, k = x.shape
+    kb = math.ceil(k / 128)
+    xp = torch.nn.functional.pad(x.float(), (0, kb * 128 - k)).reshape(m, kb, 128)
+    s = (xp.abs().amax(-1) / E4M3_MAX).clamp(min=1e-12)
+    q = (xp / s.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).reshape(m, kb * 128)[:, :k]
+    return q.contiguous(), s

@@ -1,0 +1,217 @@
+"""Every change sglang_mxfp8 makes to SGLang's behaviour, as named patches.
+
+Applied by the startup hook right after each target module is imported (SGLang 0.5.10.post1 has no
+plugin system), or all at once by :func:`register` (the ``sglang.srt.plugins`` entry point of newer
+SGLang). A patch whose target moved fails loudly with the SGLang version and the missing attribute.
+
+Patches:
+- ``server_args.moe_kernel_config``: MXFP8 + ``--moe-runner-backend flashinfer_cutlass``/``triton``
+  (and ``auto`` on Hopper) is kept instead of being rewritten to ``flashinfer_trtllm``; SGLang's
+  "flashinfer_cutlass only for ModelOpt" assert does not apply to MXFP8; impossible flag/GPU
+  combinations fail here with one line.
+- ``model_config.modelopt_mxfp8``: ModelOpt ``quant_algo: MXFP8`` is MXFP8, not per-tensor FP8.
+- ``quantization.mxfp8_config``: ``QUANTIZATION_METHODS["mxfp8"]`` -> :class:`Mxfp8Config`
+  (minimum capability 90, our linear and MoE methods).
+- ``quantization.dense_dispatch``: ``dispatch_w8a8_mxfp8_linear`` in ``fp8``/``fp8_utils`` -> ours.
+- ``loader.conversion_report``: log, after each (re)load, how many elements conversion changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from types import ModuleType
+from typing import Callable, Dict
+
+from . import SUPPORTED_SGLANG, checkpoint, resolver
+
+logger = logging.getLogger("sglang_mxfp8")
+
+APPLIED: Dict[str, str] = {}  # patch name -> "module.attribute" it replaced
+
+
+class PatchTargetMissing(RuntimeError):
+    pass
+
+
+def _sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:  # noqa: BLE001 - any failure means "unknown"
+        return "unknown"
+
+
+def _target(owner, attr: str, patch: str):
+    if not hasattr(owner, attr):
+        name = getattr(owner, "__name__", type(owner).__name__)
+        raise PatchTargetMissing(
+            f"sglang_mxfp8 patch {patch!r}: sglang {_sglang_version()} has no {name}.{attr} "
+            f"(this sglang_mxfp8 supports sglang {SUPPORTED_SGLANG}); set SGLANG_MXFP8_DISABLE=1 to run SGLang unpatched"
+        )
+    return getattr(owner, attr)
+
+
+def _replace(owner, attr: str, patch: str, make: Callable):
+    """Replace ``owner.attr`` by ``make(original)`` once (idempotent across repeated imports)."""
+    original = _target(owner, attr, patch)
+    if getattr(original, "__sglang_mxfp8_patch__", None) == patch:
+        return
+    new = make(original)
+    new.__sglang_mxfp8_patch__ = patch
+    setattr(owner, attr, new)
+    where = owner.__name__ if isinstance(owner, ModuleType) else f"{owner.__module__}.{owner.__qualname__}"
+    APPLIED[patch] = f"{where}.{attr}"
+
+
+# ---- server args -------------------------------------------------------------------------------
+
+def is_mxfp8_launch(args) -> bool:
+    """True when SGLang is asked to serve MXFP8: --quantization mxfp8, or a local MXFP8 checkpoint."""
+    if args.quantization == "mxfp8":
+        return True
+    if args.quantization is None and getattr(args, "model_path", None):
+        try:
+            return checkpoint.detect_checkpoint(args.model_path) is not None
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+def validate_launch(args, gpu: resolver.GpuSpec, flashinfer: bool) -> None:
+    """Fail before any process is spawned if the flags cannot run MXFP8 on ``gpu``."""
+    resolver.check_supported_gpu(gpu)
+    dense = args.fp8_gemm_runner_backend
+    valid = resolver.dense_flag_choices(gpu, flashinfer)
+    if dense not in valid:
+        raise resolver.Mxfp8ConfigError(
+            f"{resolver.DENSE_FLAG} {dense} cannot run MXFP8 on {gpu.label}; valid choices on this GPU: {', '.join(valid)}"
+        )
+    moe = args.moe_runner_backend
+    valid = resolver.moe_flag_choices(gpu, flashinfer)
+    if moe != "auto" and moe not in valid:
+        raise resolver.Mxfp8ConfigError(
+            f"{resolver.MOE_FLAG} {moe} cannot run MXFP8 on {gpu.label}; valid choices on this GPU: {', '.join(valid) or 'none'}"
+        )
+
+
+def _keeps_our_moe_backend(args, gpu) -> bool:
+    backend = args.moe_runner_backend
+    return backend in ("flashinfer_cutlass", "triton") or (backend == "auto" and gpu is not None and gpu.sm == 90)
+
+
+def patch_server_args() -> None:
+    from sglang.srt import server_args
+
+    cls = _target(server_args, "ServerArgs", "server_args.moe_kernel_config")
+
+    def make(original):
+        @functools.wraps(original)
+        def _handle_moe_kernel_config(self):
+            if not is_mxfp8_launch(self):
+                return original(self)
+            from .gpu import flashinfer_available, visible_gpu
+
+            gpu = visible_gpu()
+            if gpu is not None:
+                validate_launch(self, gpu, flashinfer_available())
+            if not _keeps_our_moe_backend(self, gpu):
+                return original(self)
+            # SGLang's MXFP8 rewrite and its ModelOpt-only flashinfer_cutlass assert describe its own
+            # kernels; ours run these backends, so SGLang checks the rest as for an unquantized MoE.
+            quantization, self.quantization = self.quantization, None
+            try:
+                return original(self)
+            finally:
+                self.quantization = quantization
+
+        return _handle_moe_kernel_config
+
+    _replace(cls, "_handle_moe_kernel_config", "server_args.moe_kernel_config", make)
+
+
+# ---- model config ------------------------------------------------------------------------------
+
+def patch_model_config() -> None:
+    from sglang.srt.configs import model_config
+
+    cls = _target(model_config, "ModelConfig", "model_config.modelopt_mxfp8")
+
+    def make(original):
+        @functools.wraps(original)
+        def _parse_modelopt_quant_config(self, quant_config_dict):
+            if checkpoint.is_modelopt_mxfp8(quant_config_dict):
+                return {"quant_method": "mxfp8", "quant_algo": "MXFP8"}
+            return original(self, quant_config_dict)
+
+        return _parse_modelopt_quant_config
+
+    _replace(cls, "_parse_modelopt_quant_config", "model_config.modelopt_mxfp8", make)
+
+
+# ---- quantization ------------------------------------------------------------------------------
+
+def patch_quantization() -> None:
+    from sglang.srt.layers import quantization
+    from sglang.srt.layers.quantization import fp8, fp8_utils
+
+    from . import dense
+    from .quant_methods import Mxfp8Config
+
+    methods = _target(quantization, "QUANTIZATION_METHODS", "quantization.mxfp8_config")
+    if methods.get("mxfp8") is not Mxfp8Config:
+        methods["mxfp8"] = Mxfp8Config
+        APPLIED["quantization.mxfp8_config"] = "sglang.srt.layers.quantization.QUANTIZATION_METHODS['mxfp8']"
+
+    def make(original):
+        @functools.wraps(dense.dispatch_w8a8_mxfp8_linear)
+        def dispatch_w8a8_mxfp8_linear(*args, **kwargs):
+            # SGLang's own zero-argument call comes only from its online-quantization path
+            # (BF16 checkpoint + --quantization mxfp8, Blackwell), which keeps SGLang's kernels.
+            if not args and not kwargs:
+                return original()
+            return dense.dispatch_w8a8_mxfp8_linear(*args, **kwargs)
+
+        return dispatch_w8a8_mxfp8_linear
+
+    _replace(fp8_utils, "dispatch_w8a8_mxfp8_linear", "quantization.dense_dispatch", make)
+    fp8.dispatch_w8a8_mxfp8_linear = fp8_utils.dispatch_w8a8_mxfp8_linear
+
+
+def patch_loader() -> None:
+    from sglang.srt.model_loader import loader
+
+    from .quant_methods import ConversionReport
+
+    cls = _target(loader, "DefaultModelLoader", "loader.conversion_report")
+
+    def make(original):
+        @functools.wraps(original)
+        def load_weights_and_postprocess(model, weights, target_device):
+            ConversionReport.reset()
+            original(model, weights, target_device)
+            if ConversionReport.total:
+                logger.info(ConversionReport.line())
+
+        return staticmethod(load_weights_and_postprocess)
+
+    original = cls.__dict__.get("load_weights_and_postprocess")
+    if getattr(getattr(original, "__func__", None), "__sglang_mxfp8_patch__", None) == "loader.conversion_report":
+        return
+    new = make(_target(cls, "load_weights_and_postprocess", "loader.conversion_report"))
+    new.__func__.__sglang_mxfp8_patch__ = "loader.conversion_report"
+    cls.load_weights_and_postprocess = new
+    APPLIED["loader.conversion_report"] = "sglang.srt.model_loader.loader.DefaultModelLoader.load_weights_and_postprocess"
+
+
+def register() -> None:
+    """Entry point (``sglang.srt.plugins``) for SGLang versions with a plugin system."""
+    from .startup.autoload import disabled
+
+    if disabled():
+        return
+    patch_server_args()
+    patch_model_config()
+    patch_quantization()
+    patch_loader()

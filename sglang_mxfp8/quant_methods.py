@@ -1,0 +1,200 @@
+"""SGLang quantization config and methods for MXFP8 checkpoints (imports SGLang; loaded by the plugin).
+
+``Mxfp8Config`` replaces ``QUANTIZATION_METHODS["mxfp8"]``. It keeps SGLang's parameters exactly
+(e4m3 ``weight``, uint8 ``weight_scale_inv`` [N, K/32], MoE ``w13_*``/``w2_*``), so checkpoints and
+``/update_weights_from_disk`` load as they do in SGLang, and adds the kernel layouts as derived
+buffers owned by :mod:`sglang_mxfp8.refit`.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from typing import Any, Dict, Optional
+
+import torch
+from sglang.srt.layers.moe import MoeRunner, MoeRunnerBackend, get_moe_runner_backend
+from sglang.srt.layers.moe.moe_runner.triton import TritonMoeQuantInfo
+from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod, Fp8MoEMethod
+from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod, UnquantizedLinearMethod
+from sglang.srt.layers.quantization.utils import is_layer_skipped
+
+from . import __version__, checkpoint, resolver
+from .dense import dispatch_w8a8_mxfp8_linear
+from .gpu import current_gpu, flashinfer_available
+from .refit import BlockScaleConverter
+
+logger = logging.getLogger("sglang_mxfp8")
+
+
+def _announce_once() -> None:
+    if getattr(_announce_once, "done", False):
+        return
+    _announce_once.done = True
+    logger.info(
+        "sglang_mxfp8 %s active in process %s (pid %d)",
+        __version__, multiprocessing.current_process().name, os.getpid(),
+    )
+
+
+class ConversionReport:
+    """What one model load's post-processing converted; the plugin logs it after each load."""
+
+    changed = total = layers = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.changed = cls.total = cls.layers = 0
+
+    @classmethod
+    def add(cls, stats, numel: int) -> None:
+        cls.changed += stats.changed_elements
+        cls.total += numel
+        cls.layers += stats.converted_rows > 0
+
+    @classmethod
+    def line(cls) -> str:
+        frac = cls.changed / cls.total if cls.total else 0.0
+        return (
+            f"sglang_mxfp8: converted {cls.layers} MXFP8 weights to Hopper block scales in place; "
+            f"{cls.changed} of {cls.total} elements changed value ({frac:.2e}, e4m3 subnormal rounding)"
+        )
+
+
+class Mxfp8Config(Fp8Config):
+    """Fp8Config for serialized MXFP8 checkpoints (miles/SGLang and ModelOpt), runnable from SM90."""
+
+    def __init__(self, *args, scale_name: str = "weight_scale_inv", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scale_name = scale_name
+        _announce_once()
+
+    def get_min_capability(self) -> int:
+        return resolver.MIN_CAPABILITY if self.use_mxfp8 else super().get_min_capability()
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "Mxfp8Config":
+        fmt = checkpoint.detect_mxfp8(config)
+        if fmt is None or fmt.flavor == checkpoint.MILES:
+            return super().from_config(config)
+        ignored = []
+        for name in fmt.ignored:
+            base = name.removeprefix("model.")
+            ignored += [base, f"model.{base}"]
+        return cls(
+            is_checkpoint_fp8_serialized=True,
+            activation_scheme="dynamic",
+            ignored_layers=ignored,
+            weight_block_size=[1, 32],
+            packed_modules_mapping=config.get("packed_modules_mapping") or {},
+            use_mxfp8=True,
+            scale_name=fmt.scale_name,
+        )
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        # Imported here as SGLang does: FusedMoE needs sgl_kernel, which CPU machines lack.
+        from sglang.srt.layers.linear import LinearBase
+        from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+
+        if not (self.use_mxfp8 and self.is_checkpoint_fp8_serialized):
+            return super().get_quant_method(layer, prefix)
+        skipped = is_layer_skipped(prefix, self.ignored_layers, fused_mapping=self.packed_modules_mapping)
+        if isinstance(layer, LinearBase):
+            return UnquantizedLinearMethod() if skipped else Mxfp8LinearMethod(self, prefix)
+        if isinstance(layer, FusedMoE):
+            if skipped:
+                return UnquantizedFusedMoEMethod(layer.use_triton_kernels, layer.use_flashinfer_trtllm_moe)
+            return Mxfp8MoEMethod(self, prefix)
+        return super().get_quant_method(layer, prefix)
+
+
+class Mxfp8LinearMethod(Fp8LinearMethod):
+    """MXFP8 linear layer: SGLang's parameters, our kernels (see :mod:`sglang_mxfp8.dense`)."""
+
+    def __init__(self, quant_config: Mxfp8Config, prefix: str):
+        # Fp8LinearMethod.__init__ would pick SGLang's Blackwell-only GEMM; set what create_weights reads.
+        self.quant_config = quant_config
+        self.prefix = prefix
+        self.use_mxfp8 = True
+        self.block_quant = True
+        self.is_checkpoint_fp8_serialized = True
+        self.use_marlin = False
+        self.backend = None
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra):
+        n, k = sum(output_partition_sizes), input_size_per_partition
+        self.backend = dispatch_w8a8_mxfp8_linear(n, k, layer=self.prefix)
+        super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra)
+        if self.quant_config.scale_name != "weight_scale_inv":
+            layer.register_parameter(self.quant_config.scale_name, layer._parameters.pop("weight_scale_inv"))
+        self.backend.create_buffers(layer, n, k)
+        logger.debug("sglang_mxfp8: %s [%d x %d] -> %s", self.prefix, n, k, self.backend.choice)
+
+    def process_weights_after_loading(self, layer) -> None:
+        scale = getattr(layer, self.quant_config.scale_name)
+        stats = self.backend.process_weights_after_loading(layer, scale)
+        ConversionReport.add(stats, layer.weight.numel())
+
+    def apply(self, layer, x, bias=None):
+        return self.backend.apply(layer, x, bias)
+
+
+class Mxfp8MoEMethod(Fp8MoEMethod):
+    """MXFP8 fused MoE on SGLang's FusedMoE parameters; kernel chosen by the resolver."""
+
+    def __init__(self, quant_config: Mxfp8Config, prefix: str):
+        super().__init__(quant_config)
+        self.prefix = prefix
+        self.choice: Optional[resolver.Choice] = None
+
+    @property
+    def load_up_proj_weight_first(self) -> bool:
+        """FlashInfer CUTLASS MoE wants w13 as [up; gate]; SGLang's loader reads this on every load."""
+        return self.choice is not None and self.choice.kernel in (
+            resolver.HOPPER_FLASHINFER_CUTLASS_MOE, resolver.SM100_FLASHINFER_CUTLASS_MOE,
+        )
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra):
+        gpu = current_gpu()
+        flag = get_moe_runner_backend().value
+        self.choice = resolver.resolve_moe(
+            gpu, flag, flashinfer=flashinfer_available(), hidden=hidden_size,
+            intermediate=intermediate_size_per_partition, layer=self.prefix,
+        )
+        if self.choice.kernel != resolver.HOPPER_TRITON_MOE:
+            raise resolver.Mxfp8ConfigError(
+                f"{self.prefix}: {resolver.MOE_FLAG} {flag} on {gpu.label} needs kernel {self.choice.kernel}, "
+                f"which this sglang_mxfp8 does not build yet; use {resolver.MOE_FLAG} triton"
+            )
+        super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra)
+        if self.quant_config.scale_name != "weight_scale_inv":
+            for w in ("w13", "w2"):
+                layer.register_parameter(f"{w}_{self.quant_config.scale_name}", layer._parameters.pop(f"{w}_weight_scale_inv"))
+        dev = layer.w13_weight.device
+        layer.mxfp8_w13 = BlockScaleConverter(num_experts, layer.w13_weight.shape[1], hidden_size, 128, dev, f"{self.prefix}.w13")
+        layer.mxfp8_w2 = BlockScaleConverter(num_experts, hidden_size, intermediate_size_per_partition, 128, dev, f"{self.prefix}.w2")
+
+    def _scale(self, layer, w: str) -> torch.Tensor:
+        return getattr(layer, f"{w}_{self.quant_config.scale_name}")
+
+    def process_weights_after_loading(self, layer) -> None:
+        for w in ("w13", "w2"):
+            weight = getattr(layer, f"{w}_weight")
+            stats = getattr(layer, f"mxfp8_{w}").refresh(weight.data, self._scale(layer, w).data)
+            ConversionReport.add(stats, weight.numel())
+
+    def create_moe_runner(self, layer, moe_runner_config):
+        self.moe_runner_config = moe_runner_config
+        self.runner = MoeRunner(MoeRunnerBackend.TRITON, moe_runner_config)
+
+    def apply(self, layer, dispatch_output):
+        quant_info = TritonMoeQuantInfo(
+            w13_weight=layer.w13_weight,
+            w2_weight=layer.w2_weight,
+            use_fp8_w8a8=True,
+            w13_scale=layer.mxfp8_w13.block_scale,
+            w2_scale=layer.mxfp8_w2.block_scale,
+            block_shape=[128, 128],
+        )
+        return self.runner.run(dispatch_output, quant_info)

@@ -1,0 +1,109 @@
+"""Triton kernels for MXFP8 weights on Hopper FP8 tensor cores (W8A8, fp32 accumulate).
+
+- ``quantize_act_1x128``: one pass over a BF16/FP16 activation, writes e4m3 and one float32 scale
+  (amax / 448) per 128-element group of each row.
+- ``w8a8_gemm``: C = (A * sa) @ (B * sb)^T with sa per (row, 128-K group) and sb per
+  (weight row, 128-K group) (MXFP8 weights converted losslessly to 1x128 power-of-two scales).
+  K need only be a multiple of 32: the last K tile is masked.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+GROUP_K = 128
+FP8_MAX = 448.0
+
+
+@triton.jit
+def _quant_act_kernel(x_ptr, q_ptr, s_ptr, K, KB, stride_xm, stride_qm, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    g = tl.program_id(1)
+    offs = g * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.maximum(amax / 448.0, 1e-12)
+    q = tl.clamp(x / scale, -448.0, 448.0)
+    tl.store(q_ptr + row * stride_qm + offs, q.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + row * KB + g, scale)
+
+
+def quantize_act_1x128(x: torch.Tensor):
+    """x [M, K] bf16/fp16 -> (e4m3 [M, K], float32 scales [M, ceil(K/128)])."""
+    m, k = x.shape
+    kb = triton.cdiv(k, GROUP_K)
+    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((m, kb), dtype=torch.float32, device=x.device)
+    if m:
+        _quant_act_kernel[(m, kb)](x, q, s, k, kb, x.stride(0), q.stride(0), BLOCK=GROUP_K, num_warps=1)
+    return q, s
+
+
+@triton.jit
+def _w8a8_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr,
+    M, N, K, KB,
+    stride_am, stride_bn, stride_cm,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    width = GROUP_M * num_n
+    group = pid // width
+    first_m = group * GROUP_M
+    gm = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % gm
+    pid_n = (pid % width) // gm
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_rows = a_ptr + offs_m[:, None] * stride_am
+    b_rows = b_ptr + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, KB):
+        k = kb * BLOCK_K + offs_k
+        mk = k < K
+        a = tl.load(a_rows + k[None, :], mask=mask_m[:, None] & mk[None, :], other=0.0)
+        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        sa = tl.load(sa_ptr + offs_m * KB + kb, mask=mask_m, other=0.0)
+        sb = tl.load(sb_ptr + offs_n * KB + kb, mask=mask_n, other=0.0)
+        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    c = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _config(m: int):
+    """Tile config by M (decode / mid / prefill); tuned configs per shape can override later."""
+    if m <= 16:
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=GROUP_K, GROUP_M=1, num_warps=4, num_stages=5)
+    if m <= 64:
+        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=GROUP_K, GROUP_M=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=GROUP_K, GROUP_M=8, num_warps=8, num_stages=4)
+
+
+def w8a8_gemm(a_q, a_s, w, w_s, out_dtype=torch.bfloat16, bias=None):
+    """a_q [M, K] e4m3, a_s [M, KB] f32, w [N, K] e4m3, w_s [N, KB] f32 -> [M, N] out_dtype."""
+    m, k = a_q.shape
+    n = w.shape[0]
+    kb = triton.cdiv(k, GROUP_K)
+    c = torch.empty((m, n), dtype=out_dtype, device=a_q.device)
+    if m == 0:
+        return c
+    cfg = _config(m)
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    _w8a8_gemm_kernel[grid](
+        a_q, w, c, a_s, w_s, bias if bias is not None else c,
+        m, n, k, kb, a_q.stride(0), w.stride(0), c.stride(0),
+        HAS_BIAS=bias is not None, **cfg,
+    )
+    return c

@@ -1,0 +1,46 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+QWEN3_MOE_CONFIG = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256,
+    "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "num_experts": 8,
+    "num_experts_per_tok": 2, "vocab_size": 1000, "max_position_embeddings": 2048,
+    "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "norm_topk_prob": True,
+}
+MILES_QUANT = {
+    "quant_method": "mxfp8", "fmt": "e4m3", "weight_block_size": [1, 32], "scale_fmt": "ue8m0",
+    "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head"],
+}
+
+
+def write_config(path: Path, quant=None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = dict(QWEN3_MOE_CONFIG)
+    if quant is not None:
+        cfg["quantization_config"] = quant
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def run_python(code: str, env_extra=None, timeout=240) -> subprocess.CompletedProcess:
+    """Run code in a fresh interpreter of this environment (the .pth hook runs at its start)."""
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_MXFP8_DISABLE"}
+    env.update(env_extra or {})
+    env["PYTHONWARNINGS"] = "ignore"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout, cwd="/"
+    )
+
+
+@pytest.fixture
+def miles_ckpt(tmp_path):
+    return write_config(tmp_path / "miles", MILES_QUANT)

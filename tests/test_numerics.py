@@ -1,0 +1,140 @@
+"""MXFP8 quantization (OCP MX v1.0) and lossless block-scale conversion, against float64 references."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_mxfp8.numerics import (
+    E4M3_MAX,
+    convert_to_block_scales,
+    dequantize_block_fp8,
+    dequantize_mxfp8,
+    e8m0_to_float,
+    quantize_activation_1x128,
+    quantize_mxfp8,
+)
+
+# e4m3 has 3 mantissa bits: round-to-nearest error <= 2**-4 relative for normals.
+E4M3_REL = 2.0**-4
+
+
+def _rand(seed, rows, k, spread):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g, dtype=torch.float64)
+    return x * torch.exp(torch.randn(rows, 1, generator=g, dtype=torch.float64) * spread)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 9), blocks=st.integers(1, 6), spread=st.floats(0, 8))
+def test_ceil_scale_never_saturates_and_error_is_bounded(seed, rows, blocks, spread):
+    x = _rand(seed, rows, 32 * blocks, spread)
+    q, s = quantize_mxfp8(x)
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.uint8 and s.shape == (rows, blocks)
+    scale = e8m0_to_float(s).double()
+    amax = x.abs().reshape(rows, blocks, 32).amax(-1)
+    # ceil rounding: amax / scale in (224, 448] -> no element saturates, scale is the smallest such power of two
+    ratio = amax / scale
+    assert torch.all(ratio <= E4M3_MAX) and torch.all(ratio > E4M3_MAX / 2)
+    err = (dequantize_mxfp8(q, s).double() - x).abs().reshape(rows, blocks, 32)
+    # normal range: relative bound; subnormal range: half an ulp of the smallest subnormal (2**-10 * scale)
+    bound = torch.maximum(x.abs().reshape(rows, blocks, 32) * E4M3_REL, (2.0**-10) * scale[..., None])
+    assert torch.all(err <= bound + 1e-300)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), spread=st.floats(0, 4))
+def test_floor_scale_follows_spec_and_saturates(seed, spread):
+    x = _rand(seed, 4, 64, spread)
+    q, s = quantize_mxfp8(x, rounding="floor")
+    amax = x.abs().reshape(4, 2, 32).amax(-1)
+    expected = torch.floor(torch.log2(amax)) - 8 + 127
+    assert torch.equal(s.double(), expected)
+    assert q.float().abs().max() <= E4M3_MAX
+
+
+def test_exact_cases():
+    # powers of two and e4m3-representable values survive exactly
+    x = torch.tensor([[2.0**i for i in range(-6, 8)] * 2 + [1.5, -3.25, 448.0, 0.0]], dtype=torch.float32)
+    q, s = quantize_mxfp8(x)
+    assert int(s[0, 0]) == 127  # amax 448 -> scale 1.0
+    assert torch.equal(dequantize_mxfp8(q, s), x)
+    # zero blocks get scale 1.0 and stay zero
+    q, s = quantize_mxfp8(torch.zeros(3, 64))
+    assert torch.all(s == 127) and torch.all(q.float() == 0)
+
+
+def test_nan_and_inf_poison_only_their_block():
+    x = torch.randn(2, 96)
+    x[0, 5] = float("nan")
+    x[1, 40] = float("inf")
+    q, s = quantize_mxfp8(x)
+    assert s[0, 0] == 255 and s[1, 1] == 255
+    assert s[0, 1] != 255 and s[1, 0] != 255
+    d = dequantize_mxfp8(q, s)
+    assert torch.isnan(d[0, :32]).all() and torch.isnan(d[1, 32:64]).all()
+    assert torch.isfinite(d[0, 32:]).all() and torch.isfinite(d[1, :32]).all()
+
+
+def test_rejects_k_not_multiple_of_32():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_mxfp8(torch.randn(2, 48))
+
+
+@pytest.mark.parametrize("block_rows", [1, 128])
+@pytest.mark.parametrize("shape", [(256, 512), (200, 320), (130, 96)])
+def test_block_conversion_is_nearly_lossless(block_rows, shape):
+    # Gaussian weights with heavy per-element tails and rows whose norms differ by ~2x (as in LLM layers)
+    x = _rand(7, *shape, spread=0.7) * torch.exp(torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    q, s = quantize_mxfp8(x)
+    ref = dequantize_mxfp8(q, s).double()
+    w = q.clone()
+    ptr = w.data_ptr()
+    scales, changed = convert_to_block_scales(w, s, block_rows)
+    assert w.data_ptr() == ptr  # converted in place
+    assert scales.shape == (math.ceil(shape[0] / block_rows), math.ceil(shape[1] / 128))
+    assert torch.all(torch.log2(scales) == torch.round(torch.log2(scales)))  # powers of two
+    got = dequantize_block_fp8(w, scales, block_rows).double()
+    moved = int((got != ref).sum())
+    assert moved == changed  # the reported count is exactly the elements whose value moved
+    rel = ((got - ref).norm() / ref.norm()).item()
+    # per-row blocks shift within one row only; 128-row blocks push the smallest rows' smallest
+    # values into e4m3 subnormals
+    assert rel < (1e-5 if block_rows == 1 else 1e-4), rel
+    assert changed / w.numel() < (1e-3 if block_rows == 1 else 2e-2)
+
+
+def test_block_conversion_exact_when_exponents_agree():
+    # every 1x32 block of a row has the same amax -> shifts are zero -> bit-exact
+    x = torch.randn(128, 256, dtype=torch.float64)
+    x[:, ::32] = 100.0
+    q, s = quantize_mxfp8(x)
+    w = q.clone()
+    scales, changed = convert_to_block_scales(w, s, 1)
+    assert changed == 0 and torch.equal(w.view(torch.uint8), q.view(torch.uint8))
+
+
+def test_zero_subblocks_do_not_dominate_block_scale():
+    x = torch.randn(1, 128, dtype=torch.float64) * 1e-3
+    x[0, 32:64] = 0.0  # zero block gets scale byte 127 (1.0), far above the others
+    q, s = quantize_mxfp8(x)
+    scales, changed = convert_to_block_scales(q.clone(), s, 1)
+    assert scales.item() < 1e-2 and changed == 0
+
+
+def test_conversion_rejects_nan_scales():
+    x = torch.randn(4, 64)
+    x[0, 0] = float("nan")
+    q, s = quantize_mxfp8(x)
+    with pytest.raises(ValueError, match="non-finite"):
+        convert_to_block_scales(q, s, 1)
+
+
+def test_activation_1x128_reference():
+    x = torch.randn(7, 352) * 3
+    q, s = quantize_activation_1x128(x)
+    assert q.shape == (7, 352) and s.shape == (7, 3)
+    d = (q.float().reshape(7, -1)[:, :352] * s.repeat_interleave(128, 1)[:, :352])
+    assert ((d - x).norm() / x.norm()).item() < 0.04

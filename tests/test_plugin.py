@@ -1,0 +1,93 @@
+"""Activation inside stock SGLang: real ServerArgs, real ModelConfig, fresh interpreters (.pth hook)."""
+
+import json
+
+import pytest
+
+from conftest import run_python, write_config
+
+PREPARE = """
+from sglang.srt.server_args import prepare_server_args
+a = prepare_server_args(['--model-path', {path!r}, '--quantization', 'mxfp8', '--moe-runner-backend', {moe!r},
+                         '--skip-tokenizer-init', '--device', 'cpu'])
+print('MOE=' + a.moe_runner_backend)
+"""
+
+
+@pytest.mark.parametrize("moe", ["flashinfer_cutlass", "triton"])
+def test_prepare_server_args_keeps_our_moe_backend(miles_ckpt, moe):
+    p = run_python(PREPARE.format(path=str(miles_ckpt), moe=moe))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"MOE={moe}" in p.stdout
+
+
+def test_disable_env_restores_sglang_rewrite(miles_ckpt):
+    p = run_python(PREPARE.format(path=str(miles_ckpt), moe="flashinfer_cutlass"), {"SGLANG_MXFP8_DISABLE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "MOE=flashinfer_trtllm" in p.stdout
+    assert "Overriding 'flashinfer_cutlass'" in p.stderr + p.stdout
+
+
+def test_fp8_module_sees_our_dispatch_and_config():
+    p = run_python(
+        "import sglang.srt.layers.quantization.fp8 as fp8, sglang.srt.layers.quantization as q, sglang_mxfp8.dense as d\n"
+        "print(fp8.dispatch_w8a8_mxfp8_linear.__wrapped__ is d.dispatch_w8a8_mxfp8_linear,"
+        " q.QUANTIZATION_METHODS['mxfp8'].__module__, q.QUANTIZATION_METHODS['mxfp8'](is_checkpoint_fp8_serialized=True, use_mxfp8=True).get_min_capability())"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["True", "sglang_mxfp8.quant_methods", "90"]
+
+
+def test_disabled_interpreter_is_untouched():
+    p = run_python(
+        "import sglang.srt.layers.quantization as q; print(q.QUANTIZATION_METHODS['mxfp8'].__name__)",
+        {"SGLANG_MXFP8_DISABLE": "1"},
+    )
+    assert p.returncode == 0 and p.stdout.strip() == "Fp8Config"
+
+
+def test_hook_is_cheap_in_unrelated_interpreters():
+    p = run_python("import sys; print(sorted(m for m in ('torch', 'sglang', 'sglang_mxfp8.plugin') if m in sys.modules))")
+    assert p.returncode == 0 and p.stdout.strip() == "[]"
+
+
+def test_model_config_reads_modelopt_mxfp8_as_mxfp8(tmp_path):
+    ckpt = write_config(tmp_path / "modelopt", {"quant_method": "modelopt", "quant_algo": "MXFP8", "exclude_modules": ["lm_head"]})
+    code = (
+        "from sglang.srt.configs.model_config import ModelConfig\n"
+        f"m = ModelConfig({str(ckpt)!r})\n"
+        "print('Q=' + str(m.quantization))\n"
+    )
+    ours = run_python(code)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert "Q=mxfp8" in ours.stdout
+    stock = run_python(code, {"SGLANG_MXFP8_DISABLE": "1"})
+    assert "Q=modelopt_fp8" in stock.stdout  # the misreading this patch fixes
+
+
+def test_from_config_reads_both_flavours():
+    code = (
+        "import json, sglang.srt.layers.quantization as q\n"
+        "C = q.QUANTIZATION_METHODS['mxfp8']\n"
+        f"a = C.from_config({json.dumps({'quant_method': 'mxfp8', 'activation_scheme': 'dynamic', 'weight_block_size': [1, 32], 'modules_to_not_convert': ['lm_head']})})\n"
+        "b = C.from_config({'quant_method': 'mxfp8', 'quant_algo': 'MXFP8', 'exclude_modules': ['lm_head']})\n"
+        "print(a.use_mxfp8, a.scale_name, a.weight_block_size, 'model.lm_head' in a.ignored_layers)\n"
+        "print(b.use_mxfp8, b.scale_name, b.weight_block_size, 'model.lm_head' in b.ignored_layers)\n"
+    )
+    p = run_python(code)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines() == ["True weight_scale_inv [1, 32] True", "True weight_scale [1, 32] True"]
+
+
+def test_moved_patch_target_fails_loudly():
+    p = run_python(
+        "import sglang.srt.server_args as sa\n"
+        "from sglang_mxfp8 import plugin\n"
+        "class Gone: pass\n"
+        "sa.ServerArgs = Gone\n"
+        "plugin.patch_server_args()\n"
+    )
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert "PatchTargetMissing: sglang_mxfp8 patch 'server_args.moe_kernel_config': sglang 0.5.10.post1 has no Gone._handle_moe_kernel_config" in last
+    assert "SGLANG_MXFP8_DISABLE=1" in last
