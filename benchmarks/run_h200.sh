@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Everything that needs the H200, in phases that each fit one 10-minute device command:
+#   bash benchmarks/run_h200.sh kernels   # GPU tests + dense layer benchmark
+#   bash benchmarks/run_h200.sh serve     # tiny Qwen3-MoE: BF16 vs MXFP8 served by stock SGLang, refits
+# Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/sglang_mxfp8_out}
+mkdir -p "$OUT"
+source .gpu/bootstrap.sh || exit 1
+export FLASHINFER_WORKSPACE_BASE=/tmp/fi_cache
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+case "${1:-kernels}" in
+kernels)
+  python3 -m pytest -q tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt"
+  python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense.md" --flashinfer 2>&1 | tail -30
+  ;;
+serve)
+  python3 - <<'PY'
+from sglang_mxfp8.tiny_model import write_qwen3_moe
+from sglang_mxfp8.convert import convert
+write_qwen3_moe("/tmp/tm_bf16", seed=0); write_qwen3_moe("/tmp/tm2_bf16", seed=1)
+convert("/tmp/tm_bf16", "/tmp/tm_mx", force=True, progress=False); convert("/tmp/tm2_bf16", "/tmp/tm2_mx", force=True, progress=False)
+PY
+  python3 benchmarks/e2e/serve_check.py --out "$OUT" \
+    --server bf16=/tmp/tm_bf16 \
+    --server mx_triton=/tmp/tm_mx:"--fp8-gemm-backend triton --moe-runner-backend triton" \
+    --refit mx_triton=/tmp/tm_mx,/tmp/tm2_mx \
+    --server mx2_fresh=/tmp/tm2_mx:"--fp8-gemm-backend triton --moe-runner-backend triton" \
+    ${SERVE_EXTRA:-} \
+    --compare bf16,mx_triton --compare mx_triton,mx_triton+refit_same --compare mx2_fresh,mx_triton+refit_other
+  ;;
+esac

@@ -1,0 +1,145 @@
+"""HF BF16/FP16 safetensors -> MXFP8 checkpoint in the format SGLang reads (miles-compatible).
+
+Quantized: every 2-D ``*.weight`` whose K (last dim) is a multiple of 32, except embeddings,
+lm_head, norms, routers/gates and MTP/indexer projections (the same rule as miles'
+``convert_hf_to_mxfp8.py``). Written as e4m3 ``weight`` plus uint8 ``weight_scale_inv`` [N, K/32].
+Shards are streamed one at a time, so peak host memory is about one input shard plus its output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from .numerics import MX_BLOCK, ScaleRounding, quantize_mxfp8
+
+SKIP = re.compile(r"(embed|lm_head|norm|router|mlp\.gate\.|shared_expert_gate|eh_proj|weights_proj)")
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class ConvertError(RuntimeError):
+    pass
+
+
+@dataclass
+class ConvertReport:
+    quantized: List[str] = field(default_factory=list)
+    kept: List[str] = field(default_factory=list)
+    shards: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def should_quantize(name: str, t: torch.Tensor) -> bool:
+    return (
+        name.endswith(".weight") and t.dim() == 2 and t.dtype in FLOAT_DTYPES
+        and t.shape[-1] % MX_BLOCK == 0 and not SKIP.search(name)
+    )
+
+
+def quantization_config(not_converted: List[str]) -> Dict:
+    return {
+        "quant_method": "mxfp8", "fmt": "e4m3", "weight_block_size": [1, MX_BLOCK], "scale_fmt": "ue8m0",
+        "activation_scheme": "dynamic", "modules_to_not_convert": sorted(not_converted),
+    }
+
+
+def _shards(src: Path) -> List[str]:
+    index = src / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    shards = sorted(p.name for p in src.glob("*.safetensors"))
+    if not shards:
+        raise ConvertError(f"{src}: no *.safetensors files; pass a Hugging Face checkpoint folder")
+    return shards
+
+
+def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: ScaleRounding = "ceil",
+            progress: bool = True) -> ConvertReport:
+    src, dst = Path(src), Path(dst)
+    cfg_path = src / "config.json"
+    if not cfg_path.is_file():
+        raise ConvertError(f"{src}: no config.json; pass a Hugging Face checkpoint folder")
+    config = json.loads(cfg_path.read_text())
+    if config.get("quantization_config"):
+        raise ConvertError(f"{src}: already quantized ({config['quantization_config'].get('quant_method')}); pass the BF16 checkpoint")
+    if dst.exists() and any(dst.iterdir()):
+        if not force:
+            raise ConvertError(f"{dst} exists and is not empty; pass --force to overwrite")
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+
+    report = ConvertReport()
+    weight_map: Dict[str, str] = {}
+    not_converted = set()
+    shards = _shards(src)
+    with tqdm(total=len(shards), desc="convert MXFP8", unit="shard", disable=not progress) as bar:
+        for shard in shards:
+            out: Dict[str, torch.Tensor] = {}
+            with safe_open(str(src / shard), framework="pt") as f:
+                for name in f.keys():
+                    t = f.get_tensor(name)
+                    report.bytes_in += t.numel() * t.element_size()
+                    if should_quantize(name, t):
+                        if not torch.isfinite(t).all():
+                            raise ConvertError(f"{src / shard}: tensor {name} holds NaN/Inf; fix the checkpoint before converting")
+                        q, s = quantize_mxfp8(t, rounding)
+                        out[name] = q
+                        out[name[: -len("weight")] + "weight_scale_inv"] = s
+                        report.quantized.append(name)
+                    else:
+                        out[name] = t
+                        report.kept.append(name)
+                        if name.endswith(".weight") and t.dim() == 2:
+                            not_converted.add(name[: -len(".weight")])
+            save_file(out, str(dst / shard), metadata={"format": "pt"})
+            report.bytes_out += sum(t.numel() * t.element_size() for t in out.values())
+            weight_map.update({n: shard for n in out})
+            report.shards += 1
+            del out
+            bar.update(1)
+
+    if len(shards) > 1 or (src / "model.safetensors.index.json").is_file():
+        (dst / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": report.bytes_out}, "weight_map": weight_map}, indent=2)
+        )
+    config["quantization_config"] = quantization_config(sorted(not_converted))
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    for p in src.iterdir():
+        if p.is_file() and p.suffix != ".safetensors" and p.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy2(p, dst / p.name)
+    validate(dst)
+    return report
+
+
+def validate(ckpt: str | Path) -> int:
+    """Check every quantized weight of an MXFP8 checkpoint has a matching scale; returns their count."""
+    ckpt = Path(ckpt)
+    count = 0
+    for shard in _shards(ckpt):
+        with safe_open(str(ckpt / shard), framework="pt") as f:
+            names = set(f.keys())
+            for name in names:
+                if not name.endswith(".weight_scale_inv"):
+                    continue
+                wname = name[: -len("_scale_inv")]
+                if wname not in names:
+                    raise ConvertError(f"{ckpt / shard}: scale {name} has no weight {wname}")
+                w, s = f.get_slice(wname), f.get_slice(name)
+                n, k = w.get_shape()
+                if w.get_dtype() != "F8_E4M3" or s.get_dtype() != "U8" or s.get_shape() != [n, k // MX_BLOCK]:
+                    raise ConvertError(
+                        f"{ckpt / shard}: {wname} is {w.get_dtype()} {w.get_shape()} with scale "
+                        f"{s.get_dtype()} {s.get_shape()}; expected F8_E4M3 [N, K] and U8 [N, K/32]"
+                    )
+                count += 1
+    return count

@@ -1,0 +1,94 @@
+"""Hopper MXFP8 dense kernels vs a float32 reference, on the GPU (run via benchmarks/run_h200.sh)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="needs a Hopper (SM90) GPU; run bash benchmarks/run_h200.sh on an H100/H200",
+)
+
+from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense  # noqa: E402
+from sglang_mxfp8.numerics import dequantize_block_fp8, quantize_mxfp8  # noqa: E402
+from sglang_mxfp8.refit import BlockScaleConverter  # noqa: E402
+from sglang_mxfp8.resolver import Choice  # noqa: E402
+
+SHAPES = [(5120, 2048), (2048, 4096), (1000, 2080), (200, 352)]  # N not % 128, K % 32 but not % 128
+
+
+class Layer(torch.nn.Module):
+    pass
+
+
+def _layer(backend_cls, n, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(n, k, device="cuda", generator=g) * 0.02
+    q, s = quantize_mxfp8(w)
+    layer = Layer()
+    layer.weight = torch.nn.Parameter(q, requires_grad=False)
+    layer.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
+    be = backend_cls(Choice(backend_cls.kernel, "test"), "test.layer")
+    be.create_buffers(layer, n, k)
+    be.process_weights_after_loading(layer, layer.weight_scale_inv)
+    return layer, be
+
+
+def _reference(layer, be, x):
+    """float32 product of the operands the kernel sees: 1x128-quantized activation x converted weight."""
+    from sglang_mxfp8.numerics import quantize_activation_1x128
+
+    w = dequantize_block_fp8(layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows)
+    qa, sa = quantize_activation_1x128(x)
+    a = qa.float() * sa.repeat_interleave(128, 1)[:, : x.shape[1]]
+    return a @ w.t()
+
+
+@pytest.mark.parametrize("m", [1, 7, 128, 1000])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_triton_w8a8_matches_reference(m, n, k):
+    layer, be = _layer(HopperTritonDense, n, k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = be.apply(layer, x).float()
+    ref = _reference(layer, be, x)
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(out).all() and rel < 1e-2, rel
+
+
+@pytest.mark.parametrize("m", [1, 7, 128, 1000])
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])
+def test_flashinfer_blockscale_matches_reference(m, n, k):
+    pytest.importorskip("flashinfer")
+    layer, be = _layer(HopperFlashInferDense, n, k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    out = be.apply(layer, x).float()
+    ref = _reference(layer, be, x)
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(out).all() and rel < 1e-2, rel
+
+
+def test_triton_bias_and_cuda_graph_replay_equal_eager():
+    layer, be = _layer(HopperTritonDense, 1000, 2080)
+    bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(16, 2080, device="cuda", dtype=torch.bfloat16)
+    eager = be.apply(layer, x, bias)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        be.apply(layer, x, bias)  # warm up (Triton compile) outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        graphed = be.apply(layer, x, bias)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graphed, eager)
+    # a refit rewrites weights and scales in place: the captured graph sees the new values
+    ptr = layer.mxfp8_converter.block_scale.data_ptr()
+    q2, s2 = quantize_mxfp8(torch.randn(1000, 2080, device="cuda") * 0.03)
+    layer.weight.data.copy_(q2)
+    layer.weight_scale_inv.data.copy_(s2)
+    be.process_weights_after_loading(layer, layer.weight_scale_inv)
+    assert layer.mxfp8_converter.block_scale.data_ptr() == ptr
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graphed, be.apply(layer, x, bias))
