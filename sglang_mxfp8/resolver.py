@@ -121,10 +121,12 @@ def resolve_dense(
         )
 
     if gpu.sm == 90:
+        # auto: fp8_blockscale_gemm_sm90 measured faster than our Triton kernel at every shape and M
+        # benchmarked on the H200 (benchmarks/RESULTS.md), so it is preferred wherever it applies.
         fi_ok = k % 128 == 0 and n % 64 == 0
-        if flag == "flashinfer_trtllm":
+        if flag == "flashinfer_trtllm" or (flag == "auto" and flashinfer):
             if fi_ok:
-                return Choice(HOPPER_FLASHINFER, "flag flashinfer_trtllm on SM90: FlashInfer fp8_blockscale_gemm_sm90, BF16 in, 128x128 weight scales")
+                return Choice(HOPPER_FLASHINFER, f"flag {flag} on SM90: FlashInfer fp8_blockscale_gemm_sm90, BF16 in, 128x128 weight scales")
             return Choice(HOPPER_TRITON, f"fp8_blockscale_gemm_sm90 needs K%128==0 and N%64==0 (N={n}, K={k}); using our Triton W8A8 kernel", fallback_from=flag)
         return Choice(HOPPER_TRITON, f"flag {flag} on SM90: Triton W8A8 FP8 GEMM with 1x128 activation and per-row 1x128 weight scales")
 

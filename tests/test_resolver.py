@@ -15,7 +15,8 @@ THOR = r.GpuSpec("NVIDIA Thor", 110)
 @pytest.mark.parametrize(
     "gpu,flag,n,k,kernel,fallback",
     [
-        (H200, "auto", 5120, 2048, r.HOPPER_TRITON, None),
+        (H200, "auto", 5120, 2048, r.HOPPER_FLASHINFER, None),
+        (H200, "auto", 5120, 2080, r.HOPPER_TRITON, "auto"),
         (H200, "triton", 5120, 2048, r.HOPPER_TRITON, None),
         (H200, "flashinfer_trtllm", 5120, 2048, r.HOPPER_FLASHINFER, None),
         (H200, "flashinfer_trtllm", 5120, 2080, r.HOPPER_TRITON, "flashinfer_trtllm"),  # K % 128
@@ -45,6 +46,7 @@ def test_auto_never_picks_trtllm():
 
 
 def test_without_flashinfer_auto_falls_to_triton_and_explicit_flashinfer_fails():
+    assert r.resolve_dense(H200, "auto", flashinfer=False, n=512, k=512).kernel == r.HOPPER_TRITON
     assert r.resolve_dense(B200, "auto", flashinfer=False, n=512, k=512).kernel == r.SGLANG_TRITON_MXFP8
     with pytest.raises(r.Mxfp8ConfigError, match="FlashInfer is not installed"):
         r.resolve_dense(H200, "flashinfer_trtllm", flashinfer=False, n=512, k=512)
