@@ -1,0 +1,221 @@
+"""``sglang-mxfp8``: convert checkpoints, check what each layer will run on, and run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import OrderedDict
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from . import __version__, checkpoint, resolver
+
+KNOWN_GPUS = {"h100": ("NVIDIA H100", 90), "h200": ("NVIDIA H200", 90), "b200": ("NVIDIA B200", 100),
+              "gb200": ("NVIDIA GB200", 100), "rtx6000": ("NVIDIA RTX PRO 6000", 120)}
+
+
+def _pkg(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def _gpu(arg: Optional[str]) -> Optional[resolver.GpuSpec]:
+    if arg:
+        if arg.lower() not in KNOWN_GPUS:
+            raise SystemExit(f"--gpu {arg}: choose one of {', '.join(KNOWN_GPUS)} (or omit it to use this machine's GPU)")
+        return resolver.GpuSpec(*KNOWN_GPUS[arg.lower()])
+    from .gpu import visible_gpu
+
+    return visible_gpu()
+
+
+def layer_kinds(ckpt: Path) -> "OrderedDict[str, Tuple[str, int, int, int]]":
+    """Quantized tensors grouped by kind (name without layer/expert numbers): (kind, N, K, count)."""
+    import re
+
+    from safetensors import safe_open
+
+    from .convert import _shards
+
+    kinds: "OrderedDict[str, list]" = OrderedDict()
+    for shard in _shards(ckpt):
+        with safe_open(str(ckpt / shard), framework="pt") as f:
+            for name in f.keys():
+                if not name.endswith((".weight_scale_inv", ".weight_scale")):
+                    continue
+                wname = name.rsplit(".", 1)[0] + ".weight"
+                if wname not in f.keys():
+                    continue
+                n, k = f.get_slice(wname).get_shape()
+                kind = re.sub(r"\.\d+\.", ".N.", re.sub(r"\.\d+\.", ".N.", wname.rsplit(".", 1)[0]))
+                entry = kinds.setdefault(kind, ["experts" if ".experts." in wname else "dense", n, k, 0])
+                entry[3] += 1
+    return OrderedDict((k, tuple(v)) for k, v in kinds.items())
+
+
+def doctor(args) -> int:
+    from .gpu import flashinfer_available
+
+    gpu = _gpu(args.gpu)
+    fi = flashinfer_available()
+    print(f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')}  flashinfer {_pkg('flashinfer-python')}  torch {_pkg('torch')}")
+    if gpu is None:
+        print("GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)")
+        return 0
+    print(f"GPU: {gpu.label}")
+    print(f"  {resolver.DENSE_FLAG}: valid {', '.join(resolver.dense_flag_choices(gpu, fi)) or 'none'}")
+    print(f"  {resolver.MOE_FLAG}: valid {', '.join(resolver.moe_flag_choices(gpu, fi)) or 'none'}")
+    if not args.model:
+        return 0
+    ckpt = Path(args.model)
+    fmt = checkpoint.detect_checkpoint(ckpt)
+    if fmt is None:
+        print(f"{ckpt}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8)")
+        return 1
+    flavor = "ModelOpt" if fmt.flavor == checkpoint.MODELOPT else "SGLang/miles"
+    print(f"checkpoint: {ckpt} ({flavor} MXFP8, scales '{fmt.scale_name}', {len(fmt.ignored)} modules kept unquantized)")
+    status = 0
+    experts: Dict[str, Tuple[int, int]] = {}
+    for kind, (role, n, k, count) in layer_kinds(ckpt).items():
+        if role == "experts":
+            experts[kind] = (n, k)
+            continue
+        try:
+            choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=n, k=k, layer=kind)
+            print(f"  dense {kind} [{n} x {k}] x{count}: {choice}")
+        except resolver.Mxfp8ConfigError as e:
+            print(f"  dense {kind}: ERROR {e}")
+            status = 1
+    if experts:
+        hidden = next(k for kind, (n, k) in experts.items() if not kind.endswith("down_proj"))
+        inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))
+        try:
+            choice = resolver.resolve_moe(gpu, args.moe_runner_backend, flashinfer=fi, hidden=hidden, intermediate=inter)
+            print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}")
+        except resolver.Mxfp8ConfigError as e:
+            print(f"  MoE experts: ERROR {e}")
+            status = 1
+    return status
+
+
+def convert_cmd(args) -> int:
+    from .convert import ConvertError, convert
+
+    try:
+        r = convert(args.input, args.output, force=args.force, rounding=args.rounding)
+    except ConvertError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.output}: {len(r.quantized)} tensors quantized to MXFP8, {len(r.kept)} kept, {r.shards} shard(s), "
+          f"{r.bytes_in / 2**20:.1f} MiB -> {r.bytes_out / 2**20:.1f} MiB")
+    return 0
+
+
+def _cpu_check(bf16: Path, mx: Path) -> List[str]:
+    """Dequantize every converted weight, compare with the BF16 original, and run one layer the Hopper way."""
+    import torch
+    from safetensors.torch import load_file
+
+    from .numerics import convert_to_block_scales, dequantize_block_fp8, dequantize_mxfp8, quantize_activation_1x128
+
+    a, b = load_file(str(bf16 / "model.safetensors")), load_file(str(mx / "model.safetensors"))
+    worst, name_worst = 0.0, ""
+    for name, s in b.items():
+        if name.endswith("weight_scale_inv"):
+            w = name[: -len("_scale_inv")]
+            ref = a[w].float()
+            err = ((dequantize_mxfp8(b[w], s) - ref).norm() / ref.norm()).item()
+            if err > worst:
+                worst, name_worst = err, w
+    w = "model.layers.0.self_attn.o_proj.weight"
+    q = b[w].clone()
+    scales, changed = convert_to_block_scales(q, b[w + "_scale_inv"], 1)
+    x = torch.randn(4, q.shape[1])
+    xq, xs = quantize_activation_1x128(x)
+    hopper = (xq.float() * xs.repeat_interleave(128, 1)[:, : q.shape[1]]) @ dequantize_block_fp8(q, scales, 1).t()
+    exact = x @ a[w].float().t()
+    layer_err = ((hopper - exact).norm() / exact.norm()).item()
+    return [
+        f"worst MXFP8 weight error vs BF16: {worst:.4f} relative ({name_worst})",
+        f"{w}: Hopper conversion changed {changed} of {q.numel()} elements; "
+        f"W8A8 output vs BF16 output: {layer_err:.4f} relative (FP8 activations + MXFP8 weights)",
+    ]
+
+
+def demo(args) -> int:
+    from .convert import convert
+    from .gpu import visible_gpu
+    from .tiny_model import write_qwen3_moe
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="sglang_mxfp8_demo_"))
+    bf16, mx, mx2 = work / "tiny-qwen3-moe-bf16", work / "tiny-qwen3-moe-mxfp8", work / "tiny-qwen3-moe-mxfp8-step2"
+    print(f"[1/4] writing a random Qwen3-MoE (BF16) to {bf16}")
+    write_qwen3_moe(bf16, seed=0)
+    print(f"[2/4] converting to MXFP8: {mx}")
+    r = convert(bf16, mx, force=True, progress=False)
+    print(f"      {len(r.quantized)} tensors quantized, {r.bytes_in / 2**20:.1f} MiB -> {r.bytes_out / 2**20:.1f} MiB")
+    for line in _cpu_check(bf16, mx):
+        print("      " + line)
+    gpu = visible_gpu()
+    if gpu is None:
+        print("[3/4] no GPU here; on a GPU this demo serves the checkpoint with stock SGLang. It would run:")
+        for name in ("h200", "b200"):
+            g = resolver.GpuSpec(*KNOWN_GPUS[name])
+            for flag in ("flashinfer_trtllm", "triton"):
+                print(f"      {g.label} {resolver.DENSE_FLAG} {flag}: "
+                      f"{resolver.resolve_dense(g, flag, flashinfer=True, n=512, k=256)}")
+            print(f"      {g.label} {resolver.MOE_FLAG} auto: {resolver.resolve_moe(g, 'auto', flashinfer=True, hidden=256, intermediate=128)}")
+        print("[4/4] done (CPU path)")
+        return 0
+    from .serving import Server
+
+    write_qwen3_moe(work / "step2-bf16", seed=1)
+    convert(work / "step2-bf16", mx2, force=True, progress=False)
+    flags = f"{resolver.DENSE_FLAG} {args.fp8_gemm_backend} {resolver.MOE_FLAG} {args.moe_runner_backend}"
+    print(f"[3/4] serving {mx} on {gpu.label}: python -m sglang.launch_server ... {flags}")
+    s = Server("demo", str(mx), flags, args.port, work)
+    try:
+        s.wait()
+        before = s.generate()
+        print(f"      first prompt -> {before[0]['ids']}")
+        code, body = s.refit(str(mx2))
+        after = s.generate()
+        print(f"      /update_weights_from_disk -> {code} {body.get('message')}; first prompt -> {after[0]['ids']}")
+    finally:
+        s.stop()
+    lines = [l for l in s.log.read_text().splitlines() if "sglang_mxfp8" in l]
+    print("[4/4] plugin log lines from the server:\n      " + "\n      ".join(lines[:6]))
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="sglang-mxfp8", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("convert", help="HF BF16/FP16 safetensors -> MXFP8 checkpoint for SGLang")
+    c.add_argument("input")
+    c.add_argument("output")
+    c.add_argument("--force", action="store_true", help="overwrite a non-empty OUTPUT")
+    c.add_argument("--rounding", choices=("ceil", "floor"), default="ceil", help="E8M0 scale rounding (default ceil)")
+    c.set_defaults(func=convert_cmd)
+
+    for name, helptext, func in (("doctor", "what each layer will run on", doctor), ("demo", "convert and serve a small model", demo)):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--fp8-gemm-backend", default="auto", choices=resolver.DENSE_FLAG_CHOICES)
+        p.add_argument("--moe-runner-backend", default="auto", choices=resolver.MOE_FLAG_CHOICES)
+        p.set_defaults(func=func)
+    sub.choices["doctor"].add_argument("--model", help="MXFP8 checkpoint folder")
+    sub.choices["doctor"].add_argument("--gpu", help=f"pretend GPU: {', '.join(KNOWN_GPUS)}")
+    sub.choices["demo"].add_argument("--workdir", help="where to write the checkpoints (default: a temp dir)")
+    sub.choices["demo"].add_argument("--port", type=int, default=30123)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

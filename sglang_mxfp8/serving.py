@@ -1,0 +1,70 @@
+"""Start a stock SGLang server in a subprocess and talk to it (used by the demo and e2e checks)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+BASE_FLAGS = (
+    "--attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 "
+    "--disable-piecewise-cuda-graph --skip-tokenizer-init --cuda-graph-max-bs 16"
+)
+PROMPTS = [[1, 17 + i, 300 + 7 * i, 42, 999 - i, 5, 77 + 3 * i, 512] for i in range(8)]
+
+
+class Server:
+    def __init__(self, name, ckpt, flags, port, log_dir):
+        self.name, self.ckpt, self.port = name, ckpt, port
+        self.log = Path(log_dir) / f"server_{name}.log"
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--port", str(port)]
+        cmd += shlex.split(BASE_FLAGS) + shlex.split(flags)
+        self.cmd = " ".join(cmd)
+        print(f"[{name}] {self.cmd}", flush=True)
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout=400):
+        url = f"http://127.0.0.1:{self.port}/health_generate"
+        while time.time() - self.t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"[{self.name}] exited {self.proc.returncode}; tail:\n{self.log.read_text()[-3000:]}")
+            try:
+                if requests.get(url, timeout=5).status_code == 200:
+                    print(f"[{self.name}] up after {time.time() - self.t0:.0f} s", flush=True)
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"[{self.name}] not up after {timeout} s")
+
+    def generate(self, max_new_tokens=16):
+        r = requests.post(
+            f"http://127.0.0.1:{self.port}/generate",
+            json={"input_ids": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens,
+                                                              "ignore_eos": True}, "return_logprob": True},
+            timeout=120,
+        )
+        r.raise_for_status()
+        out = []
+        for item in r.json():
+            lp = item["meta_info"]["output_token_logprobs"]
+            out.append({"ids": [t[1] for t in lp], "logprobs": [t[0] for t in lp]})
+        return out
+
+    def refit(self, path):
+        r = requests.post(f"http://127.0.0.1:{self.port}/update_weights_from_disk", json={"model_path": path}, timeout=300)
+        return r.status_code, r.json()
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001
+            os.killpg(self.proc.pid, signal.SIGKILL)

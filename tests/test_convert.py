@@ -1,0 +1,121 @@
+"""Converter round trip on a tiny model built with transformers, read back through SGLang's real config classes."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from conftest import run_python
+from sglang_mxfp8.cli import main as cli
+from sglang_mxfp8.convert import ConvertError, convert, validate
+from sglang_mxfp8.numerics import dequantize_mxfp8, quantize_mxfp8
+
+
+@pytest.fixture(scope="module")
+def hf_llama(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    out = tmp_path_factory.mktemp("llama-bf16")
+    model.save_pretrained(out, max_shard_size="300KB")  # several shards + index
+    return out
+
+
+def _tensors(folder):
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            out.update({k: h.get_tensor(k) for k in h.keys()})
+    return out
+
+
+def test_round_trip(hf_llama, tmp_path):
+    dst = tmp_path / "llama-mxfp8"
+    report = convert(hf_llama, dst, progress=False)
+    src_t, dst_t = _tensors(hf_llama), _tensors(dst)
+    assert len(list(dst.glob("*.safetensors"))) == len(list(hf_llama.glob("*.safetensors"))) > 1
+    assert json.loads((dst / "model.safetensors.index.json").read_text())["weight_map"].keys() == dst_t.keys()
+    # 7 projections per layer quantized; embeddings, lm_head, norms kept
+    assert len(report.quantized) == 14
+    for name in report.quantized:
+        q, s = dst_t[name], dst_t[name.replace(".weight", ".weight_scale_inv")]
+        assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.uint8 and s.shape == (q.shape[0], q.shape[1] // 32)
+        ref = src_t[name].float()
+        rel = ((dequantize_mxfp8(q, s) - ref).norm() / ref.norm()).item()
+        assert rel < 0.035, (name, rel)  # e4m3: ~2.6% for Gaussian weights
+        q2, s2 = quantize_mxfp8(src_t[name])  # same rounding as the numerics module
+        assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
+    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight"):
+        assert torch.equal(dst_t[name].view(torch.uint8), src_t[name].view(torch.uint8))  # byte-identical
+    qc = json.loads((dst / "config.json").read_text())["quantization_config"]
+    assert qc == {"quant_method": "mxfp8", "fmt": "e4m3", "weight_block_size": [1, 32], "scale_fmt": "ue8m0",
+                  "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head", "model.embed_tokens"]}
+    assert (dst / "generation_config.json").is_file()
+    assert validate(dst) == 14
+
+
+def test_config_loads_through_sglang(hf_llama, tmp_path):
+    dst = tmp_path / "mx"
+    convert(hf_llama, dst, progress=False)
+    code = (
+        "import json\n"
+        "from sglang.srt.layers.quantization.fp8 import Fp8Config\n"
+        "import sglang.srt.layers.quantization as q\n"
+        f"qc = json.load(open({str(dst / 'config.json')!r}))['quantization_config']\n"
+        "for cls in (Fp8Config, q.QUANTIZATION_METHODS['mxfp8']):\n"
+        "    c = cls.from_config(qc)\n"
+        "    print(cls.__name__, c.use_mxfp8, c.is_checkpoint_fp8_serialized, c.weight_block_size, 'lm_head' in c.ignored_layers, c.get_min_capability())\n"
+    )
+    p = run_python(code)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines() == ["Fp8Config True True [1, 32] True 100", "Mxfp8Config True True [1, 32] True 90"]
+
+
+def test_refuses_overwrite_and_bad_input(hf_llama, tmp_path):
+    dst = tmp_path / "out"
+    convert(hf_llama, dst, progress=False)
+    with pytest.raises(ConvertError, match="--force"):
+        convert(hf_llama, dst, progress=False)
+    convert(hf_llama, dst, force=True, progress=False)
+    with pytest.raises(ConvertError, match="already quantized"):
+        convert(dst, tmp_path / "again", progress=False)
+
+
+def test_nan_weight_is_named(tmp_path):
+    from safetensors.torch import save_file
+
+    src = tmp_path / "bad"
+    src.mkdir()
+    w = torch.randn(64, 64, dtype=torch.bfloat16)
+    w[3, 3] = float("nan")
+    save_file({"model.layers.0.mlp.down_proj.weight": w}, str(src / "model.safetensors"))
+    (src / "config.json").write_text("{}")
+    with pytest.raises(ConvertError, match="tensor model.layers.0.mlp.down_proj.weight holds NaN/Inf"):
+        convert(src, tmp_path / "o", progress=False)
+
+
+def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
+    dst = tmp_path / "cli"
+    assert cli(["convert", str(hf_llama), str(dst)]) == 0
+    assert cli(["convert", str(hf_llama), str(dst)]) == 2  # refuses to overwrite
+    assert cli(["doctor", "--gpu", "h200", "--model", str(dst), "--fp8-gemm-backend", "flashinfer_trtllm"]) == 0
+    out = capsys.readouterr().out
+    assert "tensors quantized to MXFP8" in out
+    assert "GPU: NVIDIA H200 (SM90)" in out
+    assert "dense model.layers.N.mlp.down_proj [128 x 352] x2: hopper_triton_w8a8" in out  # K=352 not % 128
+    assert "dense model.layers.N.mlp.up_proj [352 x 128] x2: hopper_triton_w8a8" in out  # N=352 not % 64
+    assert "dense model.layers.N.self_attn.q_proj [128 x 128] x2: hopper_flashinfer_blockscale" in out
+    assert cli(["doctor", "--gpu", "h200", "--model", str(dst), "--fp8-gemm-backend", "flashinfer_cutlass"]) == 1
+    assert "cannot run MXFP8 on NVIDIA H200 (SM90)" in capsys.readouterr().out
+
+
+def test_demo_cpu_path(tmp_path, capsys):
+    assert cli(["demo", "--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "56 tensors quantized" in out and "[4/4] done (CPU path)" in out
+    assert "NVIDIA H200 (SM90) --moe-runner-backend auto: hopper_triton_moe" in out

@@ -1,0 +1,88 @@
+"""The offline gsm8k benchmark: answer extraction, prompts, scoring, and a run against a real HTTP peer."""
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench_sglang", ROOT / "benchmarks/gsm8k/bench_sglang.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_shipped_data_is_complete():
+    test = bench.read_jsonl(bench.DATA / "test.jsonl")
+    train = bench.read_jsonl(bench.DATA / "train.jsonl")
+    assert (len(test), len(train)) == (1319, 7473)
+    assert bench.label_of(test[0]) == 18 and bench.label_of(test[-1]) == 14
+    assert all(bench.label_of(x) != bench.INVALID for x in test)
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [(" She makes 9 * 2 = $18 a day.", 18), ("1,234 apples and then 5,000", 5000), ("no number", bench.INVALID),
+     ("#### 72", 72), ("answer: 007", bench.INVALID)],
+)
+def test_answer_extraction_matches_sglang(text, value):
+    assert bench.get_answer_value(text) == value
+
+
+def test_prompts_use_train_shots_and_sglang_format():
+    test = bench.read_jsonl(bench.DATA / "test.jsonl")[:3]
+    shots = bench.read_jsonl(bench.DATA / "train.jsonl")[:2]
+    prompts = bench.build_prompts(test, shots)
+    assert prompts[0].startswith("Question: " + shots[0]["question"] + "\nAnswer: " + shots[0]["answer"] + "\n\n")
+    assert prompts[1].endswith("Question: " + test[1]["question"] + "\nAnswer:")
+    assert prompts[0].count("Question: ") == 3
+    assert all(t["question"] not in prompts[0].rsplit("Question: ", 1)[0] for t in test)  # no leakage
+
+
+def test_score():
+    assert bench.score([1, 2, bench.INVALID, 4], [1, 3, 5, 4]) == {"accuracy": 0.5, "invalid": 0.25}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_end_to_end_against_http_peer(tmp_path, capsys):
+    port = _free_port()
+    peer = subprocess.Popen([sys.executable, str(ROOT / "tests/gsm8k_test_peer.py"), str(port)])
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        result_file = tmp_path / "r.jsonl"
+        record = bench.main(["--num-questions", "40", "--num-shots", "3", "--parallel", "8", "--port", str(port),
+                             "--result-file", str(result_file)])
+    finally:
+        peer.terminate()
+        peer.wait()
+    out = capsys.readouterr().out
+    assert "Accuracy: 0.500" in out and "Invalid: 0.250" in out
+    assert "Latency: " in out and "Output throughput: " in out
+    line = json.loads(result_file.read_text().splitlines()[-1])
+    assert line["accuracy"] == 0.5 and line["num_requests"] == 40 and line["other"]["shots_from"] == "train"
+    assert record["accuracy"] == 0.5
+
+
+def test_server_down_is_one_clear_error():
+    port = _free_port()
+    with pytest.raises(bench.ServerDown, match=f"no SGLang server answers at http://127.0.0.1:{port}"):
+        bench.main(["--num-questions", "2", "--port", str(port), "--retries", "0"])
+
+
+def test_platinum_without_local_file_says_why():
+    with pytest.raises(SystemExit, match="cannot be downloaded here"):
+        bench.main(["--platinum", "--num-questions", "2"])
