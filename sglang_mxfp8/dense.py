@@ -8,7 +8,7 @@ tensors allocated once), ``process_weights_after_loading(layer)`` (idempotent, i
 from __future__ import annotations
 
 import logging
-from typing import Dict, Optional, Type
+from typing import Optional, Type
 
 import torch
 
@@ -74,10 +74,11 @@ class HopperFlashInferDense(DenseBackend):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-BACKENDS: Dict[str, Type[DenseBackend]] = {
-    HopperTritonDense.kernel: HopperTritonDense,
-    HopperFlashInferDense.kernel: HopperFlashInferDense,
-}
+def backend_class(kernel: str) -> Optional[Type[DenseBackend]]:
+    from .blackwell import BlackwellCutlassDense, BlackwellTrtllmDense
+
+    classes = (HopperTritonDense, HopperFlashInferDense, BlackwellTrtllmDense, BlackwellCutlassDense)
+    return {cls.kernel: cls for cls in classes}.get(kernel)
 
 
 def dispatch_w8a8_mxfp8_linear(
@@ -89,11 +90,11 @@ def dispatch_w8a8_mxfp8_linear(
     choice = resolver.resolve_dense(gpu, flag, flashinfer=flashinfer_available(), n=n, k=k, layer=layer)
     if choice.fallback_from:
         logger.warning("sglang_mxfp8: %s: %s %s -> %s", layer, resolver.DENSE_FLAG, choice.fallback_from, choice)
-    cls = BACKENDS.get(choice.kernel)
-    if cls is None:
+    cls = backend_class(choice.kernel)
+    if cls is None:  # SGLang's own Triton MXFP8 kernel, reached only as a shape fallback (N or K < 128)
         raise resolver.Mxfp8ConfigError(
-            f"{layer}: kernel {choice.kernel} for {gpu.label} is not built into this sglang_mxfp8 yet; "
-            f"use {resolver.DENSE_FLAG} with one of the Hopper choices or SGLANG_MXFP8_DISABLE=1 for SGLang's own path"
+            f"{layer}: [{n} x {k}] is too small for FlashInfer's mm_mxfp8 on {gpu.label} ({choice.reason}); "
+            "keep this layer BF16 (modules_to_not_convert) or use --fp8-gemm-backend triton"
         )
     return cls(choice, layer)
 

@@ -21,8 +21,9 @@ from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod, Un
 from sglang.srt.layers.quantization.utils import is_layer_skipped
 
 from . import __version__, checkpoint, resolver
-from .dense import dispatch_w8a8_mxfp8_linear
+from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag
 from .gpu import current_gpu, flashinfer_available
+from .blackwell import CutlassMoeScales, cutlass_mxfp8_moe
 from .refit import BlockScaleConverter
 
 logger = logging.getLogger("sglang_mxfp8")
@@ -100,11 +101,18 @@ class Mxfp8Config(Fp8Config):
         if not (self.use_mxfp8 and self.is_checkpoint_fp8_serialized):
             return super().get_quant_method(layer, prefix)
         skipped = is_layer_skipped(prefix, self.ignored_layers, fused_mapping=self.packed_modules_mapping)
+        blackwell = current_gpu().sm != 90
         if isinstance(layer, LinearBase):
-            return UnquantizedLinearMethod() if skipped else Mxfp8LinearMethod(self, prefix)
+            if skipped:
+                return UnquantizedLinearMethod()
+            if blackwell and sglang_fp8_gemm_flag() == "triton":
+                return Fp8LinearMethod(self)  # SGLang's own Triton tl.dot_scaled MXFP8 kernel
+            return Mxfp8LinearMethod(self, prefix)
         if isinstance(layer, FusedMoE):
             if skipped:
                 return UnquantizedFusedMoEMethod(layer.use_triton_kernels, layer.use_flashinfer_trtllm_moe)
+            if blackwell and not get_moe_runner_backend().is_flashinfer_cutlass():
+                return Fp8MoEMethod(self)  # SGLang's own flashinfer_trtllm(_routed) / cutlass MXFP8 MoE
             return Mxfp8MoEMethod(self, prefix)
         return super().get_quant_method(layer, prefix)
 
@@ -162,16 +170,20 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
             gpu, flag, flashinfer=flashinfer_available(), hidden=hidden_size,
             intermediate=intermediate_size_per_partition, layer=self.prefix,
         )
-        if self.choice.kernel != resolver.HOPPER_TRITON_MOE:
+        if self.choice.kernel not in (resolver.HOPPER_TRITON_MOE, resolver.SM100_FLASHINFER_CUTLASS_MOE):
             raise resolver.Mxfp8ConfigError(
-                f"{self.prefix}: {resolver.MOE_FLAG} {flag} on {gpu.label} needs kernel {self.choice.kernel}, "
-                f"which this sglang_mxfp8 does not build yet; use {resolver.MOE_FLAG} triton"
+                f"{self.prefix}: {resolver.MOE_FLAG} {flag} on {gpu.label} needs FlashInfer's SM90 fused_moe module, "
+                "a JIT build of 181 objects (about 40 min on 16 cores) that sglang_mxfp8 does not trigger at launch; "
+                f"use {resolver.MOE_FLAG} triton (same block-FP8 weights)"
             )
         super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra)
         if self.quant_config.scale_name != "weight_scale_inv":
             for w in ("w13", "w2"):
                 layer.register_parameter(f"{w}_{self.quant_config.scale_name}", layer._parameters.pop(f"{w}_weight_scale_inv"))
         dev = layer.w13_weight.device
+        if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
+            layer.mxfp8_cutlass_scales = CutlassMoeScales(num_experts, hidden_size, intermediate_size_per_partition, dev)
+            return
         layer.mxfp8_w13 = BlockScaleConverter(num_experts, layer.w13_weight.shape[1], hidden_size, 128, dev, f"{self.prefix}.w13")
         layer.mxfp8_w2 = BlockScaleConverter(num_experts, hidden_size, intermediate_size_per_partition, 128, dev, f"{self.prefix}.w2")
 
@@ -179,6 +191,9 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         return getattr(layer, f"{w}_{self.quant_config.scale_name}")
 
     def process_weights_after_loading(self, layer) -> None:
+        if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
+            layer.mxfp8_cutlass_scales.refresh(self._scale(layer, "w13").data, self._scale(layer, "w2").data)
+            return
         for w in ("w13", "w2"):
             weight = getattr(layer, f"{w}_weight")
             stats = getattr(layer, f"mxfp8_{w}").refresh(weight.data, self._scale(layer, w).data)
@@ -186,9 +201,20 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
 
     def create_moe_runner(self, layer, moe_runner_config):
         self.moe_runner_config = moe_runner_config
-        self.runner = MoeRunner(MoeRunnerBackend.TRITON, moe_runner_config)
+        if self.choice.kernel == resolver.HOPPER_TRITON_MOE:
+            self.runner = MoeRunner(MoeRunnerBackend.TRITON, moe_runner_config)
 
     def apply(self, layer, dispatch_output):
+        if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
+            from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
+
+            topk_weights, topk_ids, _ = dispatch_output.topk_output
+            out = cutlass_mxfp8_moe(
+                dispatch_output.hidden_states, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight,
+                layer.mxfp8_cutlass_scales, tp_size=layer.moe_tp_size, tp_rank=layer.moe_tp_rank,
+                ep_size=layer.moe_ep_size, ep_rank=layer.moe_ep_rank,
+            )
+            return StandardCombineInput(hidden_states=out)
         quant_info = TritonMoeQuantInfo(
             w13_weight=layer.w13_weight,
             w2_weight=layer.w2_weight,

@@ -186,6 +186,11 @@ def resolve_moe(gpu: GpuSpec, flag: str, *, flashinfer: bool, hidden: int, inter
             return Choice(HOPPER_FLASHINFER_CUTLASS_MOE, "flag flashinfer_cutlass on SM90: cutlass_fused_moe DeepSeek FP8 block-scale, 128x128 scales, [up; gate] order")
         return Choice(HOPPER_TRITON_MOE, f"flag {flag} on SM90: SGLang's Triton fused MoE, block FP8 128x128 after lossless scale conversion")
     if flag == "flashinfer_cutlass":
+        if intermediate % 128 or hidden % 128:
+            raise Mxfp8ConfigError(
+                f"{layer}: FlashInfer CUTLASS MXFP8 MoE pads gate and up to 128 rows each; hidden {hidden} and "
+                f"intermediate {intermediate} must be multiples of 128 on {gpu.label}; use {MOE_FLAG} flashinfer_trtllm"
+            )
         return Choice(SM100_FLASHINFER_CUTLASS_MOE, "flag flashinfer_cutlass: cutlass_fused_moe MXFP8 x MXFP8, [up; gate] order")
     native = "flashinfer_trtllm" if flag == "auto" else flag
     return Choice(SGLANG_NATIVE_MOE, f"flag {flag}: SGLang's own MXFP8 MoE runner ({native})")
