@@ -1,0 +1,70 @@
+"""Tile-config sweep of our Hopper Triton W8A8 GEMM, with activation quantization timed alone.
+
+Prints, per (shape, M), BF16 cuBLAS time, the quantizer's time, the default config's GEMM time and
+the best config found, and writes the table to --out (input for tuned per-shape configs).
+
+    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md
+"""
+
+import argparse
+import itertools
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from sglang_mxfp8 import triton_hopper as th
+from sglang_mxfp8.numerics import convert_to_block_scales, quantize_mxfp8
+
+SHAPES = {"2048->5120": (2048, 5120), "4096->14336": (4096, 14336)}
+MS = [1, 16, 128, 1024, 8192]
+GRID = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, GROUP_M=8, num_warps=w, num_stages=st)
+        for bm, bn, w, st in itertools.product((16, 64, 128), (64, 128, 256), (4, 8), (3, 4))
+        if not (bm == 128 and bn == 256 and st == 4)]
+
+
+def gemm(a_q, a_s, w, w_s, cfg):
+    m, k = a_q.shape
+    n = w.shape[0]
+    c = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+    th._w8a8_gemm_kernel[grid](a_q, w, c, a_s, w_s, c, m, n, k, triton.cdiv(k, 128), a_q.stride(0), w.stride(0),
+                               c.stride(0), HAS_BIAS=False, **cfg)
+    return c
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    lines = [f"GPU: {torch.cuda.get_device_name()}; do_bench medians, microseconds", "",
+             "| K->N | M | BF16 | act quant | GEMM default cfg | GEMM best cfg | best cfg | best whole op vs BF16 |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, (k, n) in SHAPES.items():
+        q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
+        w_s, _ = convert_to_block_scales(q, s, 1)
+        w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in MS:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            a_q, a_s = th.quantize_act_1x128(x)
+            t16 = do_bench(lambda: torch.nn.functional.linear(x, w16), rep=50) * 1e3
+            tq = do_bench(lambda: th.quantize_act_1x128(x), rep=50) * 1e3
+            tdef = do_bench(lambda: gemm(a_q, a_s, q, w_s, th._config(m)), rep=50) * 1e3
+            best = (float("inf"), None)
+            for cfg in GRID:
+                if cfg["BLOCK_M"] > max(16, triton.next_power_of_2(m)) * 8:
+                    continue
+                try:
+                    t = do_bench(lambda: gemm(a_q, a_s, q, w_s, cfg), warmup=5, rep=20) * 1e3
+                except Exception:  # noqa: BLE001 - out of shared memory etc.
+                    continue
+                best = min(best, (t, cfg), key=lambda b: b[0])
+            t, cfg = best
+            short = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            lines.append(f"| {name} | {m} | {t16:.1f} | {tq:.1f} | {tdef:.1f} | {t:.1f} | {short} | {t16 / (t + tq):.2f}x |")
+            print(lines[-1], flush=True)
+    open(args.out, "w").write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
