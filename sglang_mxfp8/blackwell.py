@@ -17,7 +17,7 @@ import torch
 from . import layouts, resolver
 from .dense import DenseBackend
 from .numerics import MX_BLOCK
-from .refit import PartialReloadError, _row_fingerprints
+from .refit import PartialReloadError, _row_fingerprints, validate_loaded
 
 SM100_ONLY_QUANTIZE = (100, 103, 107, 110, 120, 121)
 
@@ -117,6 +117,7 @@ class BlackwellTrtllmDense(DenseBackend):
     def process_weights_after_loading(self, layer, scale):
         from .refit import ConversionStats
 
+        validate_loaded(layer.weight.data, scale.data, self.layer_name)
         layer.mxfp8_scale_shuffled.copy_(self.prepared_scale(scale.data))
         return ConversionStats(self.shuffle.refresh(), 0)
 
@@ -157,6 +158,7 @@ class BlackwellCutlassDense(DenseBackend):
     def process_weights_after_loading(self, layer, scale):
         from .refit import ConversionStats
 
+        validate_loaded(layer.weight.data, scale.data, self.layer_name)
         layer.mxfp8_scale_swizzled.copy_(layouts.swizzle_128x4(scale.data))
         return ConversionStats(0, 0)
 

@@ -14,6 +14,10 @@ Patches:
   (minimum capability 90, our linear and MoE methods).
 - ``quantization.dense_dispatch``: ``dispatch_w8a8_mxfp8_linear`` in ``fp8``/``fp8_utils`` -> ours.
 - ``loader.conversion_report``: log, after each (re)load, how many elements conversion changed.
+- ``model_runner.tensor_update_postprocess``: SGLang 0.5.10.post1 runs no post-load processing after
+  ``update_weights_from_tensor`` / ``update_weights_from_distributed`` (RL weight sync), so kernel
+  layouts would go stale. Those calls mark the model; the next ``ModelRunner.forward`` (before any
+  CUDA-graph replay) re-runs our idempotent post-processing once for all buckets sent since.
 """
 
 from __future__ import annotations
@@ -205,6 +209,52 @@ def patch_loader() -> None:
     APPLIED["loader.conversion_report"] = "sglang.srt.model_loader.loader.DefaultModelLoader.load_weights_and_postprocess"
 
 
+def postprocess_mxfp8_modules(model) -> int:
+    """Run post-load processing of every sglang_mxfp8 method in ``model``; returns how many ran."""
+    from .quant_methods import ConversionReport, Mxfp8LinearMethod, Mxfp8MoEMethod
+
+    ConversionReport.reset()
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            method.process_weights_after_loading(module)
+            count += 1
+    if ConversionReport.total:
+        logger.info(ConversionReport.line())
+    return count
+
+
+def patch_model_runner() -> None:
+    from sglang.srt.model_executor import model_runner
+
+    patch = "model_runner.tensor_update_postprocess"
+    cls = _target(model_runner, "ModelRunner", patch)
+
+    def marking(original):
+        @functools.wraps(original)
+        def update(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            self._sglang_mxfp8_pending = True
+            return result
+
+        return update
+
+    def make_forward(original):
+        @functools.wraps(original)
+        def forward(self, *args, **kwargs):
+            if getattr(self, "_sglang_mxfp8_pending", False):
+                self._sglang_mxfp8_pending = False
+                postprocess_mxfp8_modules(self.model)
+            return original(self, *args, **kwargs)
+
+        return forward
+
+    _replace(cls, "update_weights_from_tensor", patch, marking)
+    _replace(cls, "update_weights_from_distributed", patch + ".distributed", marking)
+    _replace(cls, "forward", patch + ".forward", make_forward)
+
+
 def register() -> None:
     """Entry point (``sglang.srt.plugins``) for SGLang versions with a plugin system."""
     from .startup.autoload import disabled
@@ -215,3 +265,4 @@ def register() -> None:
     patch_model_config()
     patch_quantization()
     patch_loader()
+    patch_model_runner()

@@ -43,6 +43,29 @@ def _row_fingerprints(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def validate_loaded(weight: torch.Tensor, scale: torch.Tensor, name: str) -> None:
+    """Refuse checkpoint data that would compute garbage silently: NaN weights or scales, missing scales.
+
+    A missing scale tensor leaves SGLang's zero-initialised bytes (2**-127) under real weights.
+    """
+    rows, k = weight.shape[-2:]
+    w = weight.reshape(-1, k).view(torch.uint8)
+    s = scale.reshape(-1, k // MX_BLOCK)
+    if bool(torch.any(s == 255)):
+        row = int((s == 255).any(dim=1).nonzero()[0])
+        raise ValueError(f"{name}: scale row {row} holds NaN (0xFF): the checkpoint has non-finite values there")
+    if bool(torch.any((w & 0x7F) == 0x7F)):
+        row = int(((w & 0x7F) == 0x7F).any(dim=1).nonzero()[0])
+        raise ValueError(f"{name}: weight row {row} holds NaN e4m3 values; fix the checkpoint")
+    nonzero_blocks = (w & 0x7F).reshape(w.shape[0], -1, MX_BLOCK).amax(-1) > 0
+    if bool(torch.any((s == 0) & nonzero_blocks)):
+        row = int(((s == 0) & nonzero_blocks).any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"{name}: scale row {row} is zero under nonzero weights, as if its scale tensor was never loaded; "
+            "check that the checkpoint has a weight_scale_inv (uint8 [N, K/32]) for this weight"
+        )
+
+
 @dataclass
 class ConversionStats:
     converted_rows: int
@@ -74,11 +97,7 @@ class BlockScaleConverter:
         """Bring ``weight`` (in place) and ``self.block_scale`` up to date with what was loaded."""
         w = weight.view(self.groups * self.rows, self.k)
         s = scale.view(self.groups * self.rows, self.k // MX_BLOCK)
-        if torch.any(s == 255):
-            bad = int((s == 255).any(dim=1).nonzero()[0])
-            raise ValueError(
-                f"{self.name}: scale row {bad} holds NaN (0xFF): the checkpoint has non-finite values there"
-            )
+        validate_loaded(w, s, self.name)
         cur = _row_fingerprints(w, torch.empty_like(self._sig_loaded))
         cur_scale = _row_fingerprints(s, torch.empty_like(self._sig_scale))
         if self._ever:

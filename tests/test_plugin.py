@@ -91,3 +91,29 @@ def test_moved_patch_target_fails_loudly():
     last = p.stderr.strip().splitlines()[-1]
     assert "PatchTargetMissing: sglang_mxfp8 patch 'server_args.moe_kernel_config': sglang 0.5.10.post1 has no Gone._handle_moe_kernel_config" in last
     assert "SGLANG_MXFP8_DISABLE=1" in last
+
+
+def test_tensor_update_postprocess_runs_our_methods_once():
+    """postprocess_mxfp8_modules on a real module tree with our real linear method (CPU tensors)."""
+    code = """
+import torch, sglang.srt.layers.quantization as q
+from sglang_mxfp8 import plugin, quant_methods
+from sglang_mxfp8.dense import HopperTritonDense
+from sglang_mxfp8.numerics import quantize_mxfp8
+from sglang_mxfp8.resolver import Choice
+cfg = q.QUANTIZATION_METHODS['mxfp8'](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
+m = quant_methods.Mxfp8LinearMethod(cfg, 'model.layers.0.mlp.down_proj')
+m.backend = HopperTritonDense(Choice(HopperTritonDense.kernel, 't'), 'model.layers.0.mlp.down_proj')
+layer = torch.nn.Module(); layer.quant_method = m
+qw, s = quantize_mxfp8(torch.randn(256, 512) * torch.logspace(-2, 2, 512))
+layer.weight = torch.nn.Parameter(qw.clone(), requires_grad=False)
+layer.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
+m.backend.create_buffers(layer, 256, 512)
+model = torch.nn.Sequential(layer)
+print(plugin.postprocess_mxfp8_modules(model), quant_methods.ConversionReport.layers)
+plugin.postprocess_mxfp8_modules(model)
+print(quant_methods.ConversionReport.layers)  # idempotent: nothing new to convert
+"""
+    p = run_python(code)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["1", "1", "0"]

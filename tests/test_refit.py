@@ -100,3 +100,18 @@ def test_nan_scale_names_layer_and_row():
     q, s = quantize_mxfp8(x)
     with pytest.raises(ValueError, match="gate_up_proj: scale row 9 holds NaN"):
         BlockScaleConverter(1, 64, 64, 1, "cpu", "gate_up_proj").refresh(q, s)
+
+
+def test_missing_scale_tensor_is_detected():
+    qa, _ = _ckpt(8, groups=1)
+    unloaded = torch.zeros(1, 256, 10, dtype=torch.uint8)  # SGLang's zero-initialised scale parameter
+    with pytest.raises(ValueError, match="o_proj: scale row 0 is zero under nonzero weights.*weight_scale_inv"):
+        BlockScaleConverter(1, 256, 320, 1, "cpu", "o_proj").refresh(qa.clone(), unloaded)
+
+
+def test_nan_weight_bytes_are_detected():
+    qa, sa = _ckpt(9, groups=1)
+    w = qa.clone()
+    w.view(torch.uint8)[0, 17, 5] = 0x7F  # e4m3 NaN
+    with pytest.raises(ValueError, match="qkv_proj: weight row 17 holds NaN"):
+        BlockScaleConverter(1, 256, 320, 1, "cpu", "qkv_proj").refresh(w, sa)

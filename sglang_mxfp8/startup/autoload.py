@@ -18,6 +18,7 @@ WATCHED = {
     "sglang.srt.configs.model_config": "patch_model_config",
     "sglang.srt.layers.quantization": "patch_quantization",
     "sglang.srt.model_loader.loader": "patch_loader",
+    "sglang.srt.model_executor.model_runner": "patch_model_runner",
 }
 
 
