@@ -2,6 +2,7 @@
 # Everything that needs the H200, in phases that each fit one 10-minute device command:
 #   bash benchmarks/run_h200.sh kernels   # GPU tests + dense layer benchmark
 #   bash benchmarks/run_h200.sh serve     # tiny Qwen3-MoE: BF16 vs MXFP8 served by stock SGLang, refits
+#   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
 set -uo pipefail
@@ -16,6 +17,9 @@ case "${1:-kernels}" in
 kernels)
   python3 -m pytest -q tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt"
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense.md" --flashinfer 2>&1 | tail -30
+  ;;
+moe)
+  python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md"
   ;;
 tune)
   python3 benchmarks/kernels/sweep_triton.py --out "$OUT/sweep.md"

@@ -1,0 +1,74 @@
+"""MoE layer time, MXFP8 (our Hopper path: SGLang's Triton fused MoE on converted 128x128 block-FP8
+weights) vs SGLang's BF16 Triton fused MoE in the same run, plus accuracy and weight memory.
+
+Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8.
+
+    python benchmarks/kernels/bench_moe.py --out OUT/moe.md
+"""
+
+import argparse
+
+import torch
+from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+from triton.testing import do_bench
+
+from sglang_mxfp8.numerics import quantize_mxfp8
+from sglang_mxfp8.refit import BlockScaleConverter
+
+E, H, I, TOPK = 128, 2048, 768, 8
+MS = [1, 16, 64, 128, 256, 1024, 4096, 8192]
+
+
+def routing(m, gen):
+    logits = torch.randn(m, E, device="cuda", generator=gen)
+    w, ids = torch.topk(torch.softmax(logits, -1), TOPK, dim=-1)
+    return (w / w.sum(-1, keepdim=True)).float(), ids.int()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13_16 = (torch.randn(E, 2 * I, H, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    w2_16 = (torch.randn(E, H, I, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    q13, s13 = quantize_mxfp8(w13_16)
+    q2, s2 = quantize_mxfp8(w2_16)
+    c13 = BlockScaleConverter(E, 2 * I, H, 128, "cuda", "w13")
+    c2 = BlockScaleConverter(E, H, I, 128, "cuda", "w2")
+    torch.cuda.synchronize()
+    mx_bytes = torch.cuda.memory_allocated() - base  # weights + checkpoint scales + all derived buffers
+    bf16_bytes = (w13_16.numel() + w2_16.numel()) * 2
+    c13.refresh(q13, s13)
+    c2.refresh(q2, s2)
+
+    lines = [f"GPU: {torch.cuda.get_device_name()}; E={E} H={H} I={I} top-{TOPK}; do_bench medians (us)",
+             f"weight memory MXFP8 (fp8 + uint8 scales + converted scales + refit fingerprints) / BF16: "
+             f"{mx_bytes / 2**20:.1f} MiB / {bf16_bytes / 2**20:.1f} MiB = {mx_bytes / bf16_bytes:.3f}x", "",
+             "| tokens | BF16 us | MXFP8 us | speedup | rel. error vs BF16 |", "|---|---|---|---|---|"]
+    print(lines[1], flush=True)
+    for m in MS:
+        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+        tw, ids = routing(m, gen)
+
+        def bf16():
+            return outplace_fused_experts(x, w13_16, w2_16, tw, ids)
+
+        def mx():
+            return outplace_fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale,
+                                          w2_scale=c2.block_scale, block_shape=[128, 128])
+
+        ref, out = bf16().float(), mx().float()
+        rel = ((out - ref).norm() / ref.norm()).item()
+        t16 = do_bench(bf16, warmup=10, rep=50) * 1e3
+        t8 = do_bench(mx, warmup=10, rep=50) * 1e3
+        lines.append(f"| {m} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {rel:.4f} |")
+        print(lines[-1], flush=True)
+    open(args.out, "w").write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
