@@ -10,6 +10,7 @@ import argparse
 
 import torch
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from triton.testing import do_bench
 
 from sglang_mxfp8.numerics import quantize_mxfp8
@@ -29,6 +30,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
     gen = torch.Generator(device="cuda").manual_seed(0)
     w13_16 = (torch.randn(E, 2 * I, H, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
     w2_16 = (torch.randn(E, H, I, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
