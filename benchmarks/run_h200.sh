@@ -2,6 +2,7 @@
 # Everything that needs the H200, in phases that each fit one 10-minute device command:
 #   bash benchmarks/run_h200.sh kernels   # GPU tests + dense layer benchmark
 #   bash benchmarks/run_h200.sh serve     # tiny Qwen3-MoE: BF16 vs MXFP8 served by stock SGLang, refits
+#   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
@@ -17,6 +18,14 @@ case "${1:-kernels}" in
 kernels)
   python3 -m pytest -q tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt"
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense.md" --flashinfer 2>&1 | tail -30
+  ;;
+stock)
+  # the README's stock command, as is, on an MXFP8 MoE checkpoint: must fail before spawning, in one line
+  python3 -c 'from sglang_mxfp8.tiny_model import write_qwen3_moe; from sglang_mxfp8.convert import convert; write_qwen3_moe("/tmp/st_bf16"); convert("/tmp/st_bf16", "/tmp/st_mx", force=True, progress=False)'
+  start=$(date +%s)
+  timeout 300 python3 -m sglang.launch_server --model-path /tmp/st_mx --fp8-gemm-backend flashinfer_trtllm \
+    --moe-runner-backend flashinfer_cutlass --skip-tokenizer-init --attention-backend triton > "$OUT/stock.log" 2>&1
+  echo "stock command exit code $? after $(( $(date +%s) - start )) s; last line:"; tail -n 1 "$OUT/stock.log"
   ;;
 moe)
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md"

@@ -72,3 +72,15 @@ def read_quant_config(model_dir: str | Path) -> Optional[Dict[str, Any]]:
 
 def detect_checkpoint(model_dir: str | Path) -> Optional[Mxfp8Format]:
     return detect_mxfp8(read_quant_config(model_dir))
+
+
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def has_experts(model_dir: str | Path) -> bool:
+    """Whether config.json (or its text_config) declares routed experts."""
+    cfg_path = Path(model_dir) / "config.json"
+    if not cfg_path.is_file():
+        return False
+    cfg = json.loads(cfg_path.read_text())
+    return any((c or {}).get(k) for c in (cfg, cfg.get("text_config")) for k in MOE_KEYS)

@@ -98,6 +98,8 @@ def validate_launch(args, gpu: resolver.GpuSpec, flashinfer: bool) -> None:
         raise resolver.Mxfp8ConfigError(
             f"{resolver.MOE_FLAG} {moe} cannot run MXFP8 on {gpu.label}; valid choices on this GPU: {', '.join(valid) or 'none'}"
         )
+    if gpu.sm == 90 and moe == "flashinfer_cutlass" and checkpoint.has_experts(args.model_path):
+        raise resolver.Mxfp8ConfigError(resolver.hopper_cutlass_moe_unavailable(gpu))
 
 
 def _keeps_our_moe_backend(args, gpu) -> bool:

@@ -171,11 +171,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
             intermediate=intermediate_size_per_partition, layer=self.prefix,
         )
         if self.choice.kernel not in (resolver.HOPPER_TRITON_MOE, resolver.SM100_FLASHINFER_CUTLASS_MOE):
-            raise resolver.Mxfp8ConfigError(
-                f"{self.prefix}: {resolver.MOE_FLAG} {flag} on {gpu.label} needs FlashInfer's SM90 fused_moe module, "
-                "a JIT build of 181 objects (about 40 min on 16 cores) that sglang_mxfp8 does not trigger at launch; "
-                f"use {resolver.MOE_FLAG} triton (same block-FP8 weights)"
-            )
+            raise resolver.Mxfp8ConfigError(f"{self.prefix}: " + resolver.hopper_cutlass_moe_unavailable(gpu))
         super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra)
         if self.quant_config.scale_name != "weight_scale_inv":
             for w in ("w13", "w2"):

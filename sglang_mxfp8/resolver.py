@@ -98,6 +98,14 @@ def _bad_flag(flag: str, value: str, gpu: GpuSpec, valid: Tuple[str, ...], why: 
     )
 
 
+def hopper_cutlass_moe_unavailable(gpu: GpuSpec) -> str:
+    return (
+        f"{MOE_FLAG} flashinfer_cutlass on {gpu.label}: FlashInfer's SM90 fused_moe module is a JIT build of 181 "
+        f"objects (about 40 min on 16 cores) that sglang_mxfp8 does not start at launch; use {MOE_FLAG} triton "
+        "(the same block-FP8 weights, SGLang's Triton fused MoE)"
+    )
+
+
 def check_supported_gpu(gpu: GpuSpec) -> None:
     if gpu.sm < MIN_CAPABILITY or not dense_flag_choices(gpu, flashinfer=True):
         raise _unsupported_gpu(gpu)

@@ -117,3 +117,29 @@ print(quant_methods.ConversionReport.layers)  # idempotent: nothing new to conve
     p = run_python(code)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split() == ["1", "1", "0"]
+
+
+def test_checkpoint_declares_experts(miles_ckpt, tmp_path):
+    from sglang_mxfp8.checkpoint import has_experts
+
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}))
+    assert has_experts(miles_ckpt) and not has_experts(dense)
+
+
+def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
+    from types import SimpleNamespace
+
+    from sglang_mxfp8.plugin import validate_launch
+    from sglang_mxfp8.resolver import GpuSpec, Mxfp8ConfigError
+
+    h200 = GpuSpec("NVIDIA H200", 90)
+    args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(miles_ckpt))
+    validate_launch(args, h200, flashinfer=True)
+    args.moe_runner_backend = "flashinfer_cutlass"  # a MoE checkpoint: the SM90 CUTLASS MoE module is not built
+    with pytest.raises(Mxfp8ConfigError, match=r"flashinfer_cutlass on NVIDIA H200 \(SM90\).*40 min.*--moe-runner-backend triton"):
+        validate_launch(args, h200, flashinfer=True)
+    args.moe_runner_backend, args.fp8_gemm_runner_backend = "triton", "flashinfer_cutlass"
+    with pytest.raises(Mxfp8ConfigError, match=r"--fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 \(SM90\); valid choices on this GPU: auto, triton, flashinfer_trtllm"):
+        validate_launch(args, h200, flashinfer=True)
