@@ -20,7 +20,6 @@ so we count and report the elements that changed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal, Tuple
 
 import torch
