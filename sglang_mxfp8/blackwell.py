@@ -110,7 +110,8 @@ class BlackwellTrtllmDense(DenseBackend):
 
     def prepared_scale(self, scale: torch.Tensor) -> torch.Tensor:
         """shuffle_matrix_sf_a on the N-padded linear scales: row shuffle, then 128x4 swizzle."""
-        padded = torch.zeros((self.storage.shape[0], self.k // MX_BLOCK), dtype=torch.uint8, device=scale.device)
+        # padding rows hold zero weights; scale byte 127 (1.0) there, never a zero byte the kernel could reject
+        padded = torch.full((self.storage.shape[0], self.k // MX_BLOCK), 127, dtype=torch.uint8, device=scale.device)
         padded[: self.n] = scale
         return layouts.swizzle_128x4(padded[self.shuffle.src])
 

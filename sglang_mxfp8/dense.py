@@ -82,12 +82,15 @@ def backend_class(kernel: str) -> Optional[Type[DenseBackend]]:
 
 
 def dispatch_w8a8_mxfp8_linear(
-    n: int, k: int, *, layer: str = "layer", flag: Optional[str] = None, gpu: Optional[resolver.GpuSpec] = None
+    n: int, k: int, *, layer: str = "layer", flag: Optional[str] = None, gpu: Optional[resolver.GpuSpec] = None,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> DenseBackend:
-    """The dense MXFP8 backend for a weight [n, k], from --fp8-gemm-backend and the GPU."""
+    """The dense MXFP8 backend for a weight [n, k], from --fp8-gemm-backend, the GPU and the model dtype."""
     gpu = gpu or current_gpu()
     flag = flag or sglang_fp8_gemm_flag()
-    choice = resolver.resolve_dense(gpu, flag, flashinfer=flashinfer_available(), n=n, k=k, layer=layer)
+    choice = resolver.resolve_dense(
+        gpu, flag, flashinfer=flashinfer_available(), n=n, k=k, layer=layer, bf16=dtype == torch.bfloat16
+    )
     if choice.fallback_from:
         logger.warning("sglang_mxfp8: %s: %s %s -> %s", layer, resolver.DENSE_FLAG, choice.fallback_from, choice)
     cls = backend_class(choice.kernel)

@@ -132,7 +132,7 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra):
         n, k = sum(output_partition_sizes), input_size_per_partition
-        self.backend = dispatch_w8a8_mxfp8_linear(n, k, layer=self.prefix)
+        self.backend = dispatch_w8a8_mxfp8_linear(n, k, layer=self.prefix, dtype=params_dtype)
         super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra)
         if self.quant_config.scale_name != "weight_scale_inv":
             layer.register_parameter(self.quant_config.scale_name, layer._parameters.pop("weight_scale_inv"))

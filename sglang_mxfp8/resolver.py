@@ -112,9 +112,9 @@ def check_supported_gpu(gpu: GpuSpec) -> None:
 
 
 def resolve_dense(
-    gpu: GpuSpec, flag: str, *, flashinfer: bool, n: int, k: int, layer: str = "layer"
+    gpu: GpuSpec, flag: str, *, flashinfer: bool, n: int, k: int, layer: str = "layer", bf16: bool = True
 ) -> Choice:
-    """Kernel for one MXFP8 linear layer with weight [n, k]."""
+    """Kernel for one MXFP8 linear layer with weight [n, k] (``bf16``: the model's activation dtype is bf16)."""
     check_supported_gpu(gpu)
     valid = dense_flag_choices(gpu, flashinfer)
     if flag not in DENSE_FLAG_CHOICES:
@@ -141,10 +141,11 @@ def resolve_dense(
     if gpu.sm in SM100_FAMILY:
         cutlass_ok = flashinfer and n >= 128 and k >= 128
         if flag == "flashinfer_trtllm":
-            if k % 256 == 0 and n >= 128:
+            if k % 256 == 0 and n >= 128 and bf16:
                 return Choice(SM100_FLASHINFER_TRTLLM, "flag flashinfer_trtllm: mm_mxfp8 trtllm, shuffled weight, 8x4 activation scales")
             if cutlass_ok:
-                return Choice(SM100_FLASHINFER_CUTLASS, f"mm_mxfp8 trtllm needs K%256==0 and N>=128 (N={n}, K={k}); using mm_mxfp8 cutlass", fallback_from=flag)
+                why = f"K%256==0 and N>=128 (N={n}, K={k})" if bf16 else "bf16 output (this model runs in fp16)"
+                return Choice(SM100_FLASHINFER_CUTLASS, f"mm_mxfp8 trtllm needs {why}; using mm_mxfp8 cutlass", fallback_from=flag)
             return Choice(SGLANG_TRITON_MXFP8, f"mm_mxfp8 needs N,K>=128 (N={n}, K={k}); using SGLang's Triton MXFP8 kernel", fallback_from=flag)
         if flag == "flashinfer_cutlass" or (flag == "auto" and cutlass_ok):
             if cutlass_ok:

@@ -99,6 +99,8 @@ def test_trtllm_prep_matches_flashinfer_recipe_and_keeps_one_fp8_copy():
     assert layer.weight.data_ptr() == be.storage.data_ptr()  # the parameter is a view, not a copy
     fp8_bytes = sum(t.numel() for t in layer.buffers() if t.dtype == torch.float8_e4m3fn)
     assert fp8_bytes == 0  # no second FP8 tensor anywhere on the layer
+    n_pad_rows = layouts.unswizzle_128x4(layer.mxfp8_scale_shuffled, 256, k // 32)
+    assert (n_pad_rows != 0).all()  # padding rows carry scale 1.0, not a zero byte
 
 
 def test_trtllm_refit_is_idempotent_and_in_place():

@@ -39,6 +39,11 @@ def test_dense_table(gpu, flag, n, k, kernel, fallback):
     assert choice.reason
 
 
+def test_trtllm_needs_bf16_output_and_falls_back_with_a_reason():
+    c = r.resolve_dense(B200, "flashinfer_trtllm", flashinfer=True, n=5120, k=2048, bf16=False)
+    assert c.kernel == r.SM100_FLASHINFER_CUTLASS and c.fallback_from == "flashinfer_trtllm" and "bf16" in c.reason
+
+
 def test_auto_never_picks_trtllm_gen_on_blackwell():
     # mm_mxfp8's trtllm backend needs the weight shuffled in place; like vLLM, auto leaves it opt-in
     for gpu in (B200, RTX, THOR):
