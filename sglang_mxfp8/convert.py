@@ -3,7 +3,8 @@
 Quantized: every 2-D ``*.weight`` whose K (last dim) is a multiple of 32, except embeddings,
 lm_head, norms, routers/gates and MTP/indexer projections (the same rule as miles'
 ``convert_hf_to_mxfp8.py``). Written as e4m3 ``weight`` plus uint8 ``weight_scale_inv`` [N, K/32].
-Shards are streamed one at a time, so peak host memory is about one input shard plus its output.
+Shards are streamed one at a time and tensors quantized a few rows at a time: the working set is
+about one input shard plus its output (1.6x a 256 MiB shard measured, benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .numerics import MX_BLOCK, ScaleRounding, quantize_mxfp8
+from .numerics import E8M0_NAN, MX_BLOCK, ScaleRounding, quantize_mxfp8
 
 SKIP = re.compile(r"(embed|lm_head|norm|router|mlp\.gate\.|shared_expert_gate|eh_proj|weights_proj)")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -44,6 +45,15 @@ def should_quantize(name: str, t: torch.Tensor) -> bool:
         name.endswith(".weight") and t.dim() == 2 and t.dtype in FLOAT_DTYPES
         and t.shape[-1] % MX_BLOCK == 0 and not SKIP.search(name)
     )
+
+
+def quantize_in_chunks(t: torch.Tensor, rounding: ScaleRounding, rows: int = 1024):
+    """quantize_mxfp8 a few rows at a time, so float32 temporaries stay small next to the shard."""
+    q = torch.empty(t.shape, dtype=torch.float8_e4m3fn)
+    s = torch.empty((t.shape[0], t.shape[1] // MX_BLOCK), dtype=torch.uint8)
+    for r0 in range(0, t.shape[0], rows):
+        q[r0 : r0 + rows], s[r0 : r0 + rows] = quantize_mxfp8(t[r0 : r0 + rows], rounding)
+    return q, s
 
 
 def quantization_config(not_converted: List[str]) -> Dict:
@@ -90,9 +100,9 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
                     t = f.get_tensor(name)
                     report.bytes_in += t.numel() * t.element_size()
                     if should_quantize(name, t):
-                        if not torch.isfinite(t).all():
+                        q, s = quantize_in_chunks(t, rounding)
+                        if bool((s == E8M0_NAN).any()):  # quantize_mxfp8 marks blocks holding NaN/Inf
                             raise ConvertError(f"{src / shard}: tensor {name} holds NaN/Inf; fix the checkpoint before converting")
-                        q, s = quantize_mxfp8(t, rounding)
                         out[name] = q
                         out[name[: -len("weight")] + "weight_scale_inv"] = s
                         report.quantized.append(name)
@@ -101,6 +111,7 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
                         report.kept.append(name)
                         if name.endswith(".weight") and t.dim() == 2:
                             not_converted.add(name[: -len(".weight")])
+                    del t
             save_file(out, str(dst / shard), metadata={"format": "pt"})
             report.bytes_out += sum(t.numel() * t.element_size() for t in out.values())
             weight_map.update({n: shard for n in out})
