@@ -2,6 +2,7 @@
 # Everything that needs the H200, in phases that each fit one 10-minute device command:
 #   bash benchmarks/run_h200.sh kernels   # GPU tests + dense layer benchmark
 #   bash benchmarks/run_h200.sh serve     # tiny Qwen3-MoE: BF16 vs MXFP8 served by stock SGLang, refits
+#   bash benchmarks/run_h200.sh gsm8k     # bench_sglang.py against the real server on a converted tiny model
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
@@ -18,6 +19,13 @@ case "${1:-kernels}" in
 kernels)
   python3 -m pytest -q tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt"
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense.md" --flashinfer 2>&1 | tail -30
+  ;;
+gsm8k)
+  # the offline gsm8k benchmark against the real server (random tiny model: the pipeline, not accuracy)
+  python3 -c 'from sglang_mxfp8.tiny_model import write_qwen3_moe; from sglang_mxfp8.convert import convert; write_qwen3_moe("/tmp/gt_bf16", tokenizer=True); convert("/tmp/gt_bf16", "/tmp/gt_mx", force=True, progress=False)'
+  python3 benchmarks/gsm8k/serve_and_bench.py /tmp/gt_mx --log-dir "$OUT" \
+    --flags "--fp8-gemm-backend triton --moe-runner-backend triton" -- \
+    --num-questions 200 --num-shots 5 --parallel 64 --max-new-tokens 64 --result-file "$OUT/gsm8k.jsonl"
   ;;
 stock)
   # the README's stock command, as is, on an MXFP8 MoE checkpoint: must fail before spawning, in one line

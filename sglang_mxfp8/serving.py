@@ -20,11 +20,13 @@ PROMPTS = [[1, 17 + i, 300 + 7 * i, 42, 999 - i, 5, 77 + 3 * i, 512] for i in ra
 
 
 class Server:
-    def __init__(self, name, ckpt, flags, port, log_dir):
+    def __init__(self, name, ckpt, flags, port, log_dir, text=False):
+        """``text``: load the checkpoint's tokenizer (default: input_ids only, --skip-tokenizer-init)."""
         self.name, self.ckpt, self.port = name, ckpt, port
         self.log = Path(log_dir) / f"server_{name}.log"
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--port", str(port)]
-        cmd += shlex.split(BASE_FLAGS) + shlex.split(flags)
+        base = BASE_FLAGS.replace(" --skip-tokenizer-init", "") if text else BASE_FLAGS
+        cmd += shlex.split(base) + shlex.split(flags)
         self.cmd = " ".join(cmd)
         print(f"[{name}] {self.cmd}", flush=True)
         self.t0 = time.time()

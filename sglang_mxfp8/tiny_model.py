@@ -26,8 +26,29 @@ def qwen3_moe_config(hidden=256, moe_intermediate=128, experts=8, top_k=2, layer
     }
 
 
-def write_qwen3_moe(out: str | Path, seed: int = 0, std: float = 0.05, **dims) -> Path:
-    """Write config.json + model.safetensors of a random Qwen3-MoE; returns the folder."""
+TOKENIZER_CORPUS = [
+    "Question: Janet has 16 eggs. She eats 3 and bakes with 4. How many are left?",
+    "Answer: 16 - 3 - 4 = 9. She sells 9 eggs for $2 each, so she makes 9 * 2 = 18 dollars. #### 18",
+    "The quick brown fox jumps over the lazy dog 0123456789 times + - * / = ( ) $ % , . ? !",
+]
+
+
+def write_tokenizer(out: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer (trained on a few lines, offline) so servers can take text prompts."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TOKENIZER_CORPUS * 10, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(out)
+
+
+def write_qwen3_moe(out: str | Path, seed: int = 0, std: float = 0.05, tokenizer: bool = False, **dims) -> Path:
+    """Write config.json + model.safetensors (+ a tokenizer) of a random Qwen3-MoE; returns the folder."""
     cfg = qwen3_moe_config(**dims)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,4 +80,6 @@ def write_qwen3_moe(out: str | Path, seed: int = 0, std: float = 0.05, **dims) -
     save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    if tokenizer:
+        write_tokenizer(out, vocab)
     return out

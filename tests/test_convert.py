@@ -119,3 +119,15 @@ def test_demo_cpu_path(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "56 tensors quantized" in out and "[4/4] done (CPU path)" in out
     assert "NVIDIA H200 (SM90) --moe-runner-backend auto: hopper_triton_moe" in out
+
+
+def test_tiny_model_tokenizer_travels_with_conversion(tmp_path):
+    from transformers import AutoTokenizer
+
+    from sglang_mxfp8.tiny_model import write_qwen3_moe
+
+    src = write_qwen3_moe(tmp_path / "bf16", tokenizer=True)
+    convert(src, tmp_path / "mx", progress=False)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "mx")
+    ids = tok("Question: Janet has 16 eggs.\nAnswer:")["input_ids"]
+    assert 0 < max(ids) < 1024 and tok.decode(ids) == "Question: Janet has 16 eggs.\nAnswer:"
