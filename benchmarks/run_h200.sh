@@ -4,6 +4,7 @@
 #   bash benchmarks/run_h200.sh serve     # tiny Qwen3-MoE: BF16 vs MXFP8 served by stock SGLang, refits
 #   bash benchmarks/run_h200.sh recv|accuracy-prep|accuracy   # real-model gsm8k (see benchmarks/accuracy/ship_gguf.py)
 #   bash benchmarks/run_h200.sh gsm8k     # bench_sglang.py against the real server on a converted tiny model
+#   bash benchmarks/run_h200.sh reliability  # refit soak, refit under load, corrupt refits
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
@@ -50,6 +51,9 @@ gsm8k)
   python3 benchmarks/gsm8k/serve_and_bench.py /tmp/gt_mx --log-dir "$OUT" \
     --flags "--fp8-gemm-backend triton --moe-runner-backend triton" -- \
     --num-questions 200 --num-shots 5 --parallel 64 --max-new-tokens 64 --result-file "$OUT/gsm8k.jsonl"
+  ;;
+reliability)
+  python3 benchmarks/reliability/refit_checks.py --out "$OUT" --refits "${REFITS:-100}"
   ;;
 stock)
   # the README's stock command, as is, on an MXFP8 MoE checkpoint: must fail before spawning, in one line
