@@ -8,7 +8,6 @@ process whose peak RSS (ru_maxrss) is reported.
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
