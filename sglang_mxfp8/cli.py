@@ -51,7 +51,7 @@ def layer_kinds(ckpt: Path) -> "OrderedDict[str, Tuple[str, int, int, int]]":
                 if wname not in f.keys():
                     continue
                 n, k = f.get_slice(wname).get_shape()
-                kind = re.sub(r"\.\d+\.", ".N.", re.sub(r"\.\d+\.", ".N.", wname.rsplit(".", 1)[0]))
+                kind = re.sub(r"\.\d+\.", ".N.", wname.rsplit(".", 1)[0])
                 entry = kinds.setdefault(kind, ["experts" if ".experts." in wname else "dense", n, k, 0])
                 entry[3] += 1
     return OrderedDict((k, tuple(v)) for k, v in kinds.items())

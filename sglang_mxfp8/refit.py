@@ -90,9 +90,6 @@ class BlockScaleConverter:
         self._sig_scale = torch.zeros(n, dtype=torch.int64, device=device)
         self._ever = False
 
-    def buffers(self):
-        return {"block_scale": self.block_scale}
-
     def refresh(self, weight: torch.Tensor, scale: torch.Tensor) -> ConversionStats:
         """Bring ``weight`` (in place) and ``self.block_scale`` up to date with what was loaded."""
         w = weight.view(self.groups * self.rows, self.k)
