@@ -83,12 +83,13 @@ def _w8a8_gemm_kernel(
 
 
 def _config(m: int):
-    """Tile config by M (decode / mid / prefill); tuned configs per shape can override later."""
+    """Tile config by M, from the H200 sweep (benchmarks/kernels/sweep_triton.py, RESULTS.md):
+    16x64 w4 s4 was best at M <= 16; 64x128 w4 s3/s4 from M = 128 to 8192 on both swept shapes."""
     if m <= 16:
-        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=GROUP_K, GROUP_M=1, num_warps=4, num_stages=5)
-    if m <= 64:
-        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=GROUP_K, GROUP_M=8, num_warps=4, num_stages=4)
-    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=GROUP_K, GROUP_M=8, num_warps=8, num_stages=4)
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=GROUP_K, GROUP_M=1, num_warps=4, num_stages=4)
+    if m <= 128:
+        return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=GROUP_K, GROUP_M=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=GROUP_K, GROUP_M=8, num_warps=4, num_stages=3)
 
 
 def w8a8_gemm(a_q, a_s, w, w_s, out_dtype=torch.bfloat16, bias=None):
