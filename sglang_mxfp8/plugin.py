@@ -13,6 +13,9 @@ Patches:
 - ``quantization.mxfp8_config``: ``QUANTIZATION_METHODS["mxfp8"]`` -> :class:`Mxfp8Config`
   (minimum capability 90, our linear and MoE methods).
 - ``quantization.dense_dispatch``: ``dispatch_w8a8_mxfp8_linear`` in ``fp8``/``fp8_utils`` -> ours.
+- ``loader.modelopt_mxfp8_file``: a ModelOpt MXFP8 checkpoint described only by hf_quant_config.json
+  gets :class:`Mxfp8Config`; SGLang's ``get_quant_config`` finds no quantization_config in config.json
+  and would otherwise build an online-quantization config for it.
 - ``loader.conversion_report``: log, after each (re)load, how many elements conversion changed.
 - ``model_runner.tensor_update_postprocess``: SGLang 0.5.10.post1 runs no post-load processing after
   ``update_weights_from_tensor`` / ``update_weights_from_distributed`` (RL weight sync), so kernel
@@ -23,7 +26,9 @@ Patches:
 from __future__ import annotations
 
 import functools
+import json
 import logging
+from pathlib import Path
 from types import ModuleType
 from typing import Callable, Dict
 
@@ -188,8 +193,24 @@ def patch_quantization() -> None:
 def patch_loader() -> None:
     from sglang.srt.model_loader import loader
 
-    from .quant_methods import ConversionReport
+    from .quant_methods import ConversionReport, Mxfp8Config
 
+    def make_quant_config(original):
+        @functools.wraps(original)
+        def get_quant_config(model_config, load_config, packed_modules_mapping, *args, **kwargs):
+            # A ModelOpt MXFP8 checkpoint may describe itself only in hf_quant_config.json; SGLang's
+            # get_quant_config would then build an *online* MXFP8 config, as for a BF16 checkpoint.
+            hf_quant = Path(model_config.model_path) / "hf_quant_config.json"
+            if (model_config.quantization == "mxfp8" and hf_quant.is_file()
+                    and getattr(model_config.hf_config, "quantization_config", None) is None):
+                cfg = json.loads(hf_quant.read_text())
+                if checkpoint.is_modelopt_mxfp8(cfg):
+                    return Mxfp8Config.from_config({**cfg, "packed_modules_mapping": packed_modules_mapping})
+            return original(model_config, load_config, packed_modules_mapping, *args, **kwargs)
+
+        return get_quant_config
+
+    _replace(loader, "get_quant_config", "loader.modelopt_mxfp8_file", make_quant_config)
     cls = _target(loader, "DefaultModelLoader", "loader.conversion_report")
 
     def make(original):

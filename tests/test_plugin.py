@@ -143,3 +143,24 @@ def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
     args.moe_runner_backend, args.fp8_gemm_runner_backend = "triton", "flashinfer_cutlass"
     with pytest.raises(Mxfp8ConfigError, match=r"--fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 \(SM90\); valid choices on this GPU: auto, triton, flashinfer_trtllm"):
         validate_launch(args, h200, flashinfer=True)
+
+
+def test_modelopt_mxfp8_described_only_by_hf_quant_config(tmp_path):
+    ckpt = write_config(tmp_path / "modelopt-file")
+    (ckpt / "hf_quant_config.json").write_text(json.dumps({
+        "producer": {"name": "modelopt", "version": "0.37"},
+        "quantization": {"quant_algo": "MXFP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}))
+    code = (
+        "from sglang.srt.configs.model_config import ModelConfig\n"
+        "from sglang.srt.configs.load_config import LoadConfig\n"
+        "from sglang.srt.model_loader import loader\n"
+        f"m = ModelConfig({str(ckpt)!r})\n"
+        "c = loader.get_quant_config(m, LoadConfig(), {})\n"
+        "print(m.quantization, type(c).__name__, flush=True)\n"
+        "print(c.is_checkpoint_fp8_serialized, c.scale_name, 'lm_head' in c.ignored_layers)\n"
+    )
+    ours = run_python(code)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert ours.stdout.splitlines() == ["mxfp8 Mxfp8Config", "True weight_scale True"]
+    stock = run_python(code, {"SGLANG_MXFP8_DISABLE": "1"})
+    assert stock.stdout.splitlines()[0] == "modelopt_fp8 ModelOptFp8Config"  # stock SGLang misreads it as per-tensor FP8
