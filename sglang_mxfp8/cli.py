@@ -57,12 +57,24 @@ def layer_kinds(ckpt: Path) -> "OrderedDict[str, Tuple[str, int, int, int]]":
     return OrderedDict((k, tuple(v)) for k, v in kinds.items())
 
 
+def startup_hook_status() -> str:
+    """Whether SGLang processes started from this environment will run sglang_mxfp8."""
+    from .startup import autoload
+
+    if autoload.disabled():
+        return f"disabled by {autoload.DISABLE_ENV}=1 (SGLang runs as shipped)"
+    if not any(isinstance(f, autoload.SglangImportHook) for f in sys.meta_path):
+        return "NOT active: sglang_mxfp8.pth did not run in this interpreter; reinstall with `pip install -e .`"
+    return "active (sglang_mxfp8.pth patches SGLang in every process it starts)"
+
+
 def doctor(args) -> int:
     from .gpu import flashinfer_available
 
     gpu = _gpu(args.gpu)
     fi = flashinfer_available()
     print(f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')}  flashinfer {_pkg('flashinfer-python')}  torch {_pkg('torch')}")
+    print(f"startup hook: {startup_hook_status()}")
     if gpu is None:
         print("GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)")
         return 0

@@ -131,3 +131,10 @@ def test_tiny_model_tokenizer_travels_with_conversion(tmp_path):
     tok = AutoTokenizer.from_pretrained(tmp_path / "mx")
     ids = tok("Question: Janet has 16 eggs.\nAnswer:")["input_ids"]
     assert 0 < max(ids) < 1024 and tok.decode(ids) == "Question: Janet has 16 eggs.\nAnswer:"
+
+
+def test_doctor_reports_the_startup_hook():
+    for env, expected in (({}, "startup hook: active"), ({"SGLANG_MXFP8_DISABLE": "1"}, "startup hook: disabled by SGLANG_MXFP8_DISABLE=1")):
+        p = run_python("from sglang_mxfp8.cli import main; main(['doctor', '--gpu', 'h200'])", env)
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert expected in p.stdout
