@@ -26,6 +26,7 @@ Patches:
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -69,6 +70,8 @@ def _replace(owner, attr: str, patch: str, make: Callable):
         return
     new = make(original)
     new.__sglang_mxfp8_patch__ = patch
+    if isinstance(inspect.getattr_static(owner, attr), staticmethod):
+        new = staticmethod(new)  # class attribute lookups then return the marked function itself
     setattr(owner, attr, new)
     where = owner.__name__ if isinstance(owner, ModuleType) else f"{owner.__module__}.{owner.__qualname__}"
     APPLIED[patch] = f"{where}.{attr}"
@@ -221,15 +224,9 @@ def patch_loader() -> None:
             if ConversionReport.total:
                 logger.info(ConversionReport.line())
 
-        return staticmethod(load_weights_and_postprocess)
+        return load_weights_and_postprocess
 
-    original = cls.__dict__.get("load_weights_and_postprocess")
-    if getattr(getattr(original, "__func__", None), "__sglang_mxfp8_patch__", None) == "loader.conversion_report":
-        return
-    new = make(_target(cls, "load_weights_and_postprocess", "loader.conversion_report"))
-    new.__func__.__sglang_mxfp8_patch__ = "loader.conversion_report"
-    cls.load_weights_and_postprocess = new
-    APPLIED["loader.conversion_report"] = "sglang.srt.model_loader.loader.DefaultModelLoader.load_weights_and_postprocess"
+    _replace(cls, "load_weights_and_postprocess", "loader.conversion_report", make)
 
 
 def postprocess_mxfp8_modules(model) -> int:

@@ -164,3 +164,17 @@ def test_modelopt_mxfp8_described_only_by_hf_quant_config(tmp_path):
     assert ours.stdout.splitlines() == ["mxfp8 Mxfp8Config", "True weight_scale True"]
     stock = run_python(code, {"SGLANG_MXFP8_DISABLE": "1"})
     assert stock.stdout.splitlines()[0] == "modelopt_fp8 ModelOptFp8Config"  # stock SGLang misreads it as per-tensor FP8
+
+
+def test_patches_apply_once_and_keep_staticmethods():
+    p = run_python(
+        "import inspect\n"
+        "from sglang.srt.model_loader import loader\n"
+        "from sglang_mxfp8 import plugin\n"
+        "plugin.patch_loader(); plugin.patch_loader()\n"
+        "f = loader.DefaultModelLoader.load_weights_and_postprocess\n"
+        "print(type(inspect.getattr_static(loader.DefaultModelLoader, 'load_weights_and_postprocess')).__name__,"
+        " f.__sglang_mxfp8_patch__, hasattr(f.__wrapped__, '__sglang_mxfp8_patch__'))\n"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["staticmethod", "loader.conversion_report", "False"]
