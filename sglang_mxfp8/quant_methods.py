@@ -93,6 +93,12 @@ class Mxfp8Config(Fp8Config):
             scale_name=fmt.scale_name,
         )
 
+    def rename_scales(self, layer: torch.nn.Module, prefixes) -> None:
+        """Register SGLang's ``{prefix}weight_scale_inv`` under the checkpoint's scale name (ModelOpt: weight_scale)."""
+        if self.scale_name != "weight_scale_inv":
+            for p in prefixes:
+                layer.register_parameter(f"{p}{self.scale_name}", layer._parameters.pop(f"{p}weight_scale_inv"))
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         # Imported here as SGLang does: FusedMoE needs sgl_kernel, which CPU machines lack.
         from sglang.srt.layers.linear import LinearBase
@@ -134,8 +140,7 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         n, k = sum(output_partition_sizes), input_size_per_partition
         self.backend = dispatch_w8a8_mxfp8_linear(n, k, layer=self.prefix, dtype=params_dtype)
         super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra)
-        if self.quant_config.scale_name != "weight_scale_inv":
-            layer.register_parameter(self.quant_config.scale_name, layer._parameters.pop("weight_scale_inv"))
+        self.quant_config.rename_scales(layer, ("",))
         self.backend.create_buffers(layer, n, k)
         logger.debug("sglang_mxfp8: %s [%d x %d] -> %s", self.prefix, n, k, self.backend.choice)
 
@@ -173,9 +178,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         if self.choice.kernel not in (resolver.HOPPER_TRITON_MOE, resolver.SM100_FLASHINFER_CUTLASS_MOE):
             raise resolver.Mxfp8ConfigError(f"{self.prefix}: " + resolver.hopper_cutlass_moe_unavailable(gpu))
         super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra)
-        if self.quant_config.scale_name != "weight_scale_inv":
-            for w in ("w13", "w2"):
-                layer.register_parameter(f"{w}_{self.quant_config.scale_name}", layer._parameters.pop(f"{w}_weight_scale_inv"))
+        self.quant_config.rename_scales(layer, ("w13_", "w2_"))
         dev = layer.w13_weight.device
         if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
             layer.mxfp8_cutlass_scales = CutlassMoeScales(num_experts, hidden_size, intermediate_size_per_partition, dev)
