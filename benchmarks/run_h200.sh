@@ -13,17 +13,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sglang_mxfp8_out}
 mkdir -p "$OUT"
+if [ "${1:-}" = recv ]; then
+  # one chunk of the GGUF per command (python benchmarks/accuracy/ship_gguf.py stage K; carry .model/send);
+  # kept under /tmp, which outlives the repo folder while the machine stays warm; no .gpu needed
+  mkdir -p /tmp/gguf_chunks && mv .model/send/chunk*.bin /tmp/gguf_chunks/ && ls /tmp/gguf_chunks | tr '\n' ' '
+  exit
+fi
 source .gpu/bootstrap.sh || exit 1
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 case "${1:-kernels}" in
-recv)
-  # one part of the GGUF per command (python benchmarks/accuracy/ship_gguf.py stage K; carry .model/send)
-  cat .model/send/part*.bin >> /tmp/model.gguf && ls -l /tmp/model.gguf
-  ;;
 accuracy-prep)
   # needs accelerate in .gpu/wheels (transformers' GGUF loader asks for it)
+  cat /tmp/gguf_chunks/chunk*.bin > /tmp/model.gguf
   echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /tmp/model.gguf" | sha256sum -c - || exit 1
   python3 - <<'PY'
 import torch
@@ -37,9 +40,16 @@ PY
   sglang-mxfp8 convert /tmp/coder-moe-bf16 /tmp/coder-moe-mxfp8 --force
   ;;
 accuracy)
-  # one served model per command: ACC_CKPT=/tmp/coder-mxfp8 ACC_FLAGS="--fp8-gemm-backend flashinfer_trtllm"
-  python3 benchmarks/gsm8k/serve_and_bench.py "${ACC_CKPT:?}" --flags "${ACC_FLAGS:-}" --log-dir "$OUT" -- \
-    --num-questions 1319 --num-shots 8 --parallel 256 --max-new-tokens 512 --result-file "$OUT/gsm8k.jsonl"
+  # every served model in one command: start-ups overlap, benchmarks run one at a time
+  python3 benchmarks/accuracy/run_accuracy.py --out "$OUT" \
+    --serve bf16=/tmp/coder-bf16 \
+    --serve mx_flashinfer=/tmp/coder-mxfp8:"--fp8-gemm-backend flashinfer_trtllm" \
+    --serve mx_triton=/tmp/coder-mxfp8:"--fp8-gemm-backend triton" \
+    --serve moe_mx_triton=/tmp/coder-moe-mxfp8:"--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
+    --serve moe_bf16=/tmp/coder-moe-bf16:"--moe-runner-backend triton" \
+    --serve moe_mx_cutlass=/tmp/coder-moe-mxfp8:"--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass" \
+    --compare bf16,mx_flashinfer --compare bf16,mx_triton --compare moe_bf16,moe_mx_triton --compare bf16,moe_bf16 -- \
+    --num-questions "${ACC_QUESTIONS:-1319}" --num-shots 8 --parallel 256 --max-new-tokens 512
   ;;
 kernels)
   python3 -m pytest -q tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt"

@@ -65,8 +65,11 @@ class Server:
         return r.status_code, r.json()
 
     def stop(self):
+        """Stop the server's whole process group; safe to call twice."""
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=30)
-        except Exception:  # noqa: BLE001
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)

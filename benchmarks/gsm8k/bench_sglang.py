@@ -138,10 +138,17 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     check_server(session, base)
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "stop": STOP}
 
+    failures = []
+
     def ask(prompt: str):
-        r = session.post(base + "/generate", json={"text": prompt, "sampling_params": sampling}, timeout=args.timeout)
-        r.raise_for_status()
-        return r.json()
+        try:
+            r = session.post(base + "/generate", json={"text": prompt, "sampling_params": sampling},
+                             timeout=args.timeout)
+            r.raise_for_status()
+            return r.json()
+        except requests.RequestException as e:  # counted and reported: a failed request scores as invalid
+            failures.append(str(e)[:200])
+            return {"text": ""}
 
     tic = time.perf_counter()
     with ThreadPoolExecutor(args.parallel) as pool:
@@ -155,10 +162,12 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     print(f"Invalid: {result['invalid']:.3f}")
     print(f"Latency: {latency:.3f} s")
     print(f"Output throughput: {tokens / latency:.3f} token/s")
+    print(f"Failed requests: {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
     record = {
         "task": "gsm8k-platinum" if args.platinum else "gsm8k", "backend": "srt", "num_gpus": 1,
         "latency": round(latency, 3), "accuracy": round(result["accuracy"], 3), "invalid": round(result["invalid"], 3),
         "output_throughput": round(tokens / latency, 3), "num_requests": len(questions),
+        "failed_requests": len(failures),
         "other": {"num_questions": len(questions), "num_shots": args.num_shots, "parallel": args.parallel,
                   "shots_from": "test" if args.shots_from_test else "train"},
         "answers": preds,
@@ -170,7 +179,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
 if __name__ == "__main__":
     try:
-        main()
+        sys.exit(1 if main()["failed_requests"] else 0)
     except ServerDown as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
