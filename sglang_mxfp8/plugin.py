@@ -16,7 +16,12 @@ Patches:
 - ``loader.modelopt_mxfp8_file``: a ModelOpt MXFP8 checkpoint described only by hf_quant_config.json
   gets :class:`Mxfp8Config`; SGLang's ``get_quant_config`` finds no quantization_config in config.json
   and would otherwise build an online-quantization config for it.
-- ``loader.conversion_report``: log, after each (re)load, how many elements conversion changed.
+- ``loader.conversion_report``: log, after each (re)load, how many elements conversion changed and
+  whether every MXFP8 tensor (parameters and derived buffers) kept its storage since the first load.
+- ``model_runner.refit_rollback``: SGLang's ``update_weights_from_disk`` sets the new model path before
+  loading, so its rollback after a failed load re-reads the *bad* checkpoint, fails again and takes the
+  scheduler down. The patch rolls back to the checkpoint that was being served and answers
+  ``success: false`` with the error naming the tensor.
 - ``model_runner.tensor_update_postprocess``: SGLang 0.5.10.post1 runs no post-load processing after
   ``update_weights_from_tensor`` / ``update_weights_from_distributed`` (RL weight sync), so kernel
   layouts would go stale. Those calls mark the model; the next ``ModelRunner.forward`` (before any
@@ -223,10 +228,49 @@ def patch_loader() -> None:
             original(model, weights, target_device)
             if ConversionReport.total:
                 logger.info(ConversionReport.line())
+            check_storage(model)
 
         return load_weights_and_postprocess
 
     _replace(cls, "load_weights_and_postprocess", "loader.conversion_report", make)
+
+
+def mxfp8_tensors(model) -> dict:
+    """Every tensor our methods own in ``model``: parameters, buffers and derived-layout tensors."""
+    import torch
+
+    from .quant_methods import Mxfp8LinearMethod, Mxfp8MoEMethod
+
+    found = {}
+    for mod_name, module in model.named_modules():
+        if not isinstance(getattr(module, "quant_method", None), (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            continue
+        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            found[f"{mod_name}.{name}"] = t
+        for attr, owner in vars(module).items():
+            if attr.startswith("mxfp8_") and hasattr(owner, "__dict__"):
+                for name, t in vars(owner).items():
+                    if isinstance(t, torch.Tensor):
+                        found[f"{mod_name}.{attr}.{name}"] = t
+    return found
+
+
+def check_storage(model) -> None:
+    """Log whether every MXFP8 tensor kept its storage since the first load (CUDA graphs hold pointers)."""
+    now = {name: t.data_ptr() for name, t in mxfp8_tensors(model).items()}
+    if not now:
+        return
+    first = getattr(model, "_sglang_mxfp8_storage", None)
+    if first is None:
+        model._sglang_mxfp8_storage = now
+        logger.info("sglang_mxfp8: storage of %d MXFP8 tensors recorded at first load", len(now))
+        return
+    moved = [name for name, ptr in now.items() if first.get(name) != ptr]
+    if moved:
+        logger.warning("sglang_mxfp8: %d of %d MXFP8 tensors moved since the first load (first: %s); captured "
+                       "CUDA graphs would read stale memory", len(moved), len(now), moved[0])
+    else:
+        logger.info("sglang_mxfp8: storage of all %d MXFP8 tensors unchanged since the first load", len(now))
 
 
 def postprocess_mxfp8_modules(model) -> int:
@@ -242,7 +286,27 @@ def postprocess_mxfp8_modules(model) -> int:
             count += 1
     if ConversionReport.total:
         logger.info(ConversionReport.line())
+    check_storage(model)
     return count
+
+
+def refit_rollback(original):
+    """Wrap ``ModelRunner.update_weights_from_disk``: a failed refit reloads the checkpoint being served."""
+
+    @functools.wraps(original)
+    def update_weights_from_disk(self, model_path, load_format, *args, **kwargs):
+        served_path, served_format = self.model_config.model_path, self.server_args.load_format
+        try:
+            return original(self, model_path, load_format, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
+            logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
+            ok, message = original(self, served_path, served_format, *args, **kwargs)
+            if not ok:
+                raise RuntimeError(f"refit from {model_path} failed ({e}) and so did the rollback to "
+                                   f"{served_path} ({message}); the weights in memory are inconsistent") from e
+            return False, f"Failed to update weights: {e}. Rolled back to {served_path}."
+
+    return update_weights_from_disk
 
 
 def patch_model_runner() -> None:
@@ -270,6 +334,7 @@ def patch_model_runner() -> None:
 
         return forward
 
+    _replace(cls, "update_weights_from_disk", "model_runner.refit_rollback", refit_rollback)
     _replace(cls, "update_weights_from_tensor", patch, marking)
     _replace(cls, "update_weights_from_distributed", patch + ".distributed", marking)
     _replace(cls, "forward", patch + ".forward", make_forward)

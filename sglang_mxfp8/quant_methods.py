@@ -24,7 +24,7 @@ from . import __version__, checkpoint, resolver
 from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag
 from .gpu import current_gpu, flashinfer_available
 from .blackwell import CutlassMoeScales, cutlass_mxfp8_moe
-from .refit import BlockScaleConverter
+from .refit import BlockScaleConverter, LoadTracker
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -37,6 +37,13 @@ def _announce_once() -> None:
         "sglang_mxfp8 %s active in process %s (pid %d)",
         __version__, multiprocessing.current_process().name, os.getpid(),
     )
+
+
+def _check_loads(layer) -> None:
+    """Refuse a load that wrote a weight without its scale (layers built by hand have no tracker)."""
+    tracker = getattr(layer, "mxfp8_loads", None)
+    if tracker is not None:
+        tracker.check()
 
 
 class ConversionReport:
@@ -141,10 +148,12 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         self.backend = dispatch_w8a8_mxfp8_linear(n, k, layer=self.prefix, dtype=params_dtype)
         super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra)
         self.quant_config.rename_scales(layer, ("",))
+        layer.mxfp8_loads = LoadTracker(self.prefix, {"": (layer.weight, getattr(layer, self.quant_config.scale_name))})
         self.backend.create_buffers(layer, n, k)
         logger.debug("sglang_mxfp8: %s [%d x %d] -> %s", self.prefix, n, k, self.backend.choice)
 
     def process_weights_after_loading(self, layer) -> None:
+        _check_loads(layer)
         scale = getattr(layer, self.quant_config.scale_name)
         stats = self.backend.process_weights_after_loading(layer, scale)
         ConversionReport.add(stats, layer.weight.numel())
@@ -179,6 +188,8 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
             raise resolver.Mxfp8ConfigError(f"{self.prefix}: " + resolver.hopper_cutlass_moe_unavailable(gpu))
         super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra)
         self.quant_config.rename_scales(layer, ("w13_", "w2_"))
+        layer.mxfp8_loads = LoadTracker(self.prefix, {w: (getattr(layer, f"{w}_weight"), self._scale(layer, w))
+                                                      for w in ("w13", "w2")})
         dev = layer.w13_weight.device
         if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
             layer.mxfp8_cutlass_scales = CutlassMoeScales(num_experts, hidden_size, intermediate_size_per_partition, dev)
@@ -190,6 +201,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         return getattr(layer, f"{w}_{self.quant_config.scale_name}")
 
     def process_weights_after_loading(self, layer) -> None:
+        _check_loads(layer)
         if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
             layer.mxfp8_cutlass_scales.refresh(self._scale(layer, "w13").data, self._scale(layer, "w2").data)
             return

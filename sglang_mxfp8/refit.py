@@ -20,6 +20,7 @@ without its weight, cannot be made right from what is in memory and raises
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Dict
 
 import torch
 
@@ -64,6 +65,93 @@ def validate_loaded(weight: torch.Tensor, scale: torch.Tensor, name: str) -> Non
             f"{name}: scale row {row} is zero under nonzero weights, as if its scale tensor was never loaded; "
             "check that the checkpoint has a weight_scale_inv (uint8 [N, K/32]) for this weight"
         )
+
+
+class LoadTracker:
+    """Which shards SGLang's loader wrote into a weight and into its scale since the last post-load step.
+
+    A refit checkpoint that lacks a scale tensor (or has a scale without its weight) leaves the previous
+    tensor in memory, and nothing in memory tells that apart from a good load; only the loader's calls
+    do. The tracker wraps each parameter's ``weight_loader`` and records a key per call (shard and
+    expert ids) with the tensor's shape; a scale whose shape does not fit its weight ([N, K] ->
+    [N, K/32]) or a tensor of the wrong dtype is refused before it is copied; :meth:`check` compares
+    the two key sets and then forgets them.
+    """
+
+    def __init__(self, name: str, pairs: Dict[str, tuple]):
+        """``pairs``: label -> (weight parameter, scale parameter), e.g. {"": (w, s)} or {"w13": ...}."""
+        self.name = name
+        self.seen: Dict[tuple, Dict[tuple, torch.Size]] = {}
+        for label, (weight, scale) in pairs.items():
+            for kind, param in (("weight", weight), ("scale", scale)):
+                self._wrap(param, (label, kind))
+
+    def _wrap(self, param: torch.nn.Parameter, slot: tuple) -> None:
+        from sglang.srt.model_loader.weight_utils import default_weight_loader
+
+        attr = "_weight_loader" if hasattr(param, "_weight_loader") else "weight_loader"
+        original: Callable = getattr(param, attr, None) or default_weight_loader
+        seen = self.seen.setdefault(slot, {})
+        expected = param.dtype
+        label, kind = slot
+        partner = (label, "scale" if kind == "weight" else "weight")
+        tensor = f"{self.name}.{label + '_' if label else ''}weight"
+
+        def weight_loader(p, loaded_weight, *args, **kwargs):
+            if loaded_weight.dtype != expected:  # copy_ would cast it silently into garbage
+                raise ValueError(
+                    f"{tensor}{'' if kind == 'weight' else ' scale'}: checkpoint tensor is {loaded_weight.dtype}, "
+                    f"expected {expected} for an MXFP8 checkpoint; convert the BF16 checkpoint with "
+                    "`sglang-mxfp8 convert`"
+                )
+            # the tensor's own name (args holding a '.') differs between weight and scale; ids do not
+            key = tuple(a for a in args if not (isinstance(a, str) and "." in a))
+            key += tuple(kwargs.get(k) for k in ("shard_id", "loaded_shard_id", "expert_id"))
+            seen[key] = loaded_weight.shape
+            other = self.seen[partner].get(key)
+            if other is not None:
+                w, sc = (loaded_weight.shape, other) if kind == "weight" else (other, loaded_weight.shape)
+                if w[-1] % MX_BLOCK or tuple(sc) != (*w[:-1], w[-1] // MX_BLOCK):
+                    raise ValueError(
+                        f"{tensor}{_ids([key])}: weight {list(w)} needs a scale of shape "
+                        "[" + ", ".join(f"{d:g}" for d in (*w[:-1], w[-1] / MX_BLOCK)) + f"] (one per {MX_BLOCK} along K), "
+                        f"the checkpoint has {list(sc)}"
+                    )
+            return original(p, loaded_weight, *args, **kwargs)
+
+        setattr(param, attr, weight_loader)
+
+    def check(self) -> None:
+        """Raise if a weight shard was loaded without its scale, or the other way round; then reset."""
+        try:
+            for (label, kind), loaded in self.seen.items():
+                if kind != "weight":
+                    continue
+                keys, scales = set(loaded), set(self.seen[(label, "scale")])
+                tensor = f"{self.name}.{label + '_' if label else ''}weight"
+                if keys - scales:
+                    raise ValueError(
+                        f"{tensor}: the checkpoint loaded this weight{_ids(keys - scales)} without its scale "
+                        "tensor; an MXFP8 weight needs its uint8 [N, K/32] scale in the same load"
+                    )
+                if scales - keys:
+                    raise ValueError(
+                        f"{tensor}: the checkpoint loaded the scale{_ids(scales - keys)} without the weight; "
+                        "load both together"
+                    )
+        finally:
+            for keys in self.seen.values():
+                keys.clear()
+
+
+def _ids(keys) -> str:
+    """' (shards ...)' naming up to three shard/expert keys; empty for an unsharded tensor."""
+    named = sorted((tuple(x for x in k if x is not None) for k in keys), key=str)
+    named = [k for k in named if k]
+    if not named:
+        return ""
+    more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+    return " (shards " + ", ".join(str(k) for k in named[:3]) + more + ")"
 
 
 @dataclass

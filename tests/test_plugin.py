@@ -1,6 +1,8 @@
 """Activation inside stock SGLang: real ServerArgs, real ModelConfig, fresh interpreters (.pth hook)."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -110,13 +112,25 @@ layer.weight = torch.nn.Parameter(qw.clone(), requires_grad=False)
 layer.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
 m.backend.create_buffers(layer, 256, 512)
 model = torch.nn.Sequential(layer)
+import logging
+logging.basicConfig(level=logging.INFO, format="LOG %(message)s", stream=__import__("sys").stdout)
 print(plugin.postprocess_mxfp8_modules(model), quant_methods.ConversionReport.layers)
 plugin.postprocess_mxfp8_modules(model)
 print(quant_methods.ConversionReport.layers)  # idempotent: nothing new to convert
+print(sorted(plugin.mxfp8_tensors(model)))
+layer.mxfp8_converter.block_scale = layer.mxfp8_converter.block_scale.clone()  # storage moved
+plugin.postprocess_mxfp8_modules(model)
 """
     p = run_python(code)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["1", "1", "0"]
+    out = [line for line in p.stdout.splitlines() if not line.startswith("LOG")]
+    logs = [line for line in p.stdout.splitlines() if line.startswith("LOG") and ("storage" in line or "moved" in line)]
+    assert out[0].split() == ["1", "1"] and out[1] == "0"
+    assert "0.weight" in out[2] and "0.weight_scale_inv" in out[2] and "0.mxfp8_converter.block_scale" in out[2]
+    assert logs[0] == "LOG sglang_mxfp8: storage of 7 MXFP8 tensors recorded at first load"
+    assert logs[1] == "LOG sglang_mxfp8: storage of all 7 MXFP8 tensors unchanged since the first load"
+    assert logs[2].startswith("LOG sglang_mxfp8: 1 of 7 MXFP8 tensors moved since the first load "
+                              "(first: 0.mxfp8_converter.block_scale)")
 
 
 def test_checkpoint_declares_experts(miles_ckpt, tmp_path):
@@ -178,3 +192,114 @@ def test_patches_apply_once_and_keep_staticmethods():
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split() == ["staticmethod", "loader.conversion_report", "False"]
+
+
+REFIT_RUNNER = """
+import ast, dataclasses, gc, logging, sys, types, torch
+import sglang
+from sglang.srt.model_loader.loader import DefaultModelLoader, get_model_loader
+from sglang.srt.model_loader.utils import set_default_torch_dtype
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from sglang.srt.utils import get_available_gpu_memory
+
+def load_stock_update_weights_from_disk():
+    # model_runner.py imports sgl_kernel (no CPU build): take SGLang's method itself from its source file
+    path = Path(sglang.__file__).parent / "srt/model_executor/model_runner.py"
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "update_weights_from_disk")
+    scope = dict(torch=torch, gc=gc, logger=logging.getLogger("stock"), LoadConfig=LoadConfig, Optional=Optional,
+                 Callable=Callable, DefaultModelLoader=DefaultModelLoader, get_model_loader=get_model_loader,
+                 set_default_torch_dtype=set_default_torch_dtype, get_available_gpu_memory=get_available_gpu_memory)
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), scope)
+    return scope["update_weights_from_disk"]
+
+from pathlib import Path
+from typing import Callable, Optional
+from safetensors.torch import save_file
+import sglang.srt.layers.quantization as q
+from sglang.srt.configs.load_config import LoadConfig
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang_mxfp8 import plugin, quant_methods
+from sglang_mxfp8.dense import HopperTritonDense
+from sglang_mxfp8.numerics import quantize_mxfp8
+from sglang_mxfp8.refit import LoadTracker
+from sglang_mxfp8.resolver import Choice
+
+root = Path(sys.argv[1])
+stock = load_stock_update_weights_from_disk()
+patched = plugin.refit_rollback(stock)
+torch.manual_seed(0)
+ckpts = {}
+for name in ("A", "B"):
+    qw, s = quantize_mxfp8(torch.randn(256, 512) * torch.logspace(-2, 2, 512))
+    ckpts[name] = {"layer.weight": qw, "layer.weight_scale_inv": s}
+bad = dict(ckpts["A"]); w = bad["layer.weight"].clone(); w.view(torch.uint8)[3, 5] = 0x7F; bad["layer.weight"] = w
+ckpts["nan_weight"] = bad
+ckpts["missing_scale"] = {"layer.weight": ckpts["B"]["layer.weight"]}
+for name, tensors in ckpts.items():
+    (root / name).mkdir()
+    save_file(tensors, str(root / name / "model.safetensors"))
+
+cfg = q.QUANTIZATION_METHODS["mxfp8"](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
+method = quant_methods.Mxfp8LinearMethod(cfg, "layer")
+method.backend = HopperTritonDense(Choice(HopperTritonDense.kernel, "t"), "layer")
+layer = torch.nn.Module(); layer.quant_method = method
+layer.weight = torch.nn.Parameter(torch.empty(256, 512, dtype=torch.float8_e4m3fn), requires_grad=False)
+layer.weight_scale_inv = torch.nn.Parameter(torch.empty(256, 16, dtype=torch.uint8), requires_grad=False)
+layer.mxfp8_loads = LoadTracker("layer", {"": (layer.weight, layer.weight_scale_inv)})
+method.backend.create_buffers(layer, 256, 512)
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = layer
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, t in weights:
+            getattr(params[name], "weight_loader", default_weight_loader)(params[name], t)
+
+server_args = object.__new__(ServerArgs)  # SGLang's defaults; __post_init__ would probe a GPU
+for f in dataclasses.fields(ServerArgs):
+    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+        setattr(server_args, f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+server_args.model_path = str(root / "A")
+set_global_server_args_for_scheduler(server_args)
+runner = types.SimpleNamespace(
+    device="cpu", gpu_id=0, model=Model(), load_config=LoadConfig(), server_args=server_args,
+    model_config=types.SimpleNamespace(model_path=str(root / "A"), revision=None, dtype=torch.float32, quantization=None,
+                                       hf_config=types.SimpleNamespace(architectures=["Qwen3ForCausalLM"])))
+
+def state():
+    return layer.weight.view(torch.uint8).clone(), layer.mxfp8_converter.block_scale.clone()
+
+def refit(name, fn=patched):
+    try:
+        ok, message = fn(runner, str(root / name), "auto")
+    except Exception as e:
+        ok, message = "raised", str(e).splitlines()[0]
+    print(name, ok, runner.model_config.model_path.rsplit("/", 1)[-1], "|", message.splitlines()[0])
+
+refit("A"); state_a = state(); refit("B"); state_b = state()
+assert not torch.equal(state_a[0], state_b[0])
+for name in ("nan_weight", "missing_scale"):
+    refit(name)
+    assert all(torch.equal(x, y) for x, y in zip(state(), state_b)), name
+refit("A"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
+refit("nan_weight", stock)
+"""
+
+
+def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
+    """Real SGLang update_weights_from_disk + loader on real safetensors files, our real linear method (CPU)."""
+    p = subprocess.run([sys.executable, "-c", REFIT_RUNNER, str(tmp_path)], capture_output=True, text=True,
+                       timeout=240, cwd="/")
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("A True A |") and lines[1].startswith("B True B |")
+    assert lines[2].startswith("nan_weight False B | Failed to update weights: layer: weight row 3 holds NaN")
+    assert lines[2].endswith(f"Rolled back to {tmp_path / 'B'}.")
+    assert lines[3].startswith("missing_scale False B | Failed to update weights: layer.weight: the checkpoint "
+                               "loaded this weight without its scale tensor")
+    assert lines[4].startswith("A True A |")
+    # stock SGLang: its rollback re-reads the bad path, fails again and raises out of the scheduler call
+    assert lines[5].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")

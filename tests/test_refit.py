@@ -115,3 +115,58 @@ def test_nan_weight_bytes_are_detected():
     w.view(torch.uint8)[0, 17, 5] = 0x7F  # e4m3 NaN
     with pytest.raises(ValueError, match="qkv_proj: weight row 17 holds NaN"):
         BlockScaleConverter(1, 256, 320, 1, "cpu", "qkv_proj").refresh(w, sa)
+
+
+def _fp8(*shape):
+    return (torch.rand(*shape) + 0.5).to(torch.float8_e4m3fn)
+
+
+def _u8(*shape):
+    return torch.randint(100, 140, shape, dtype=torch.uint8)
+
+
+def _moe_style_loader(param, loaded_weight, weight_name, shard_id=None, expert_id=None):
+    param.data[expert_id].copy_(loaded_weight)  # FusedMoE.weight_loader's calling convention
+
+
+def test_load_tracker_refuses_a_weight_loaded_without_its_scale():
+    from sglang.srt.layers.parameter import ModelWeightParameter
+    from sglang.srt.model_loader.weight_utils import default_weight_loader
+
+    from sglang_mxfp8.refit import LoadTracker
+
+    w13 = torch.nn.Parameter(torch.zeros(4, 8, 64, dtype=torch.float8_e4m3fn), requires_grad=False)
+    s13 = torch.nn.Parameter(torch.zeros(4, 8, 2, dtype=torch.uint8), requires_grad=False)
+    for p in (w13, s13):
+        p.weight_loader = _moe_style_loader
+    dense_w = ModelWeightParameter(data=torch.zeros(8, 64, dtype=torch.float8_e4m3fn), input_dim=1, output_dim=0,
+                                   weight_loader=default_weight_loader)
+    dense_s = torch.nn.Parameter(torch.zeros(8, 2, dtype=torch.uint8), requires_grad=False)
+    moe = LoadTracker("model.layers.0.mlp.experts", {"w13": (w13, s13)})
+    dense = LoadTracker("model.layers.0.mlp.down_proj", {"": (dense_w, dense_s)})
+
+    for e in range(4):
+        w13.weight_loader(w13, _fp8(8, 64), f"experts.{e}.up_proj.weight", shard_id="w3", expert_id=e)
+        if e != 2:
+            s13.weight_loader(s13, _u8(8, 2), f"experts.{e}.up_proj.weight_scale_inv", shard_id="w3", expert_id=e)
+    with pytest.raises(ValueError, match=r"experts\.w13_weight: the checkpoint loaded this weight \(shards \('w3', 2\)\) "
+                                         r"without its scale tensor"):
+        moe.check()
+    moe.check()  # the sets were reset: a load that touched nothing passes
+
+    dense_w.weight_loader(dense_w, _fp8(8, 64))
+    dense_s.weight_loader(dense_s, _u8(8, 2))
+    dense.check()
+    assert dense_w.float().abs().sum() > 0 and dense_s.sum() > 0  # the wrapped loaders still load
+    dense_s.weight_loader(dense_s, _u8(8, 2))
+    with pytest.raises(ValueError, match=r"down_proj\.weight: the checkpoint loaded the scale without the weight"):
+        dense.check()
+    with pytest.raises(ValueError, match=r"down_proj\.weight: checkpoint tensor is torch.bfloat16, expected "
+                                         r"torch.float8_e4m3fn for an MXFP8 checkpoint; convert"):
+        dense_w.weight_loader(dense_w, torch.randn(8, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"experts\.w13_weight \(shards \('w1', 1\)\): weight \[8, 64\] needs a scale "
+                                         r"of shape \[8, 2\] \(one per 32 along K\), the checkpoint has \[8, 3\]"):
+        w13.weight_loader(w13, _fp8(8, 64), "experts.1.gate_proj.weight", shard_id="w1", expert_id=1)
+        s13.weight_loader(s13, _u8(8, 3), "experts.1.gate_proj.weight_scale_inv", shard_id="w1", expert_id=1)
+    with pytest.raises(ValueError, match=r"experts\.w13_weight scale: checkpoint tensor is torch.float32"):
+        s13.weight_loader(s13, torch.ones(8, 2), "experts.0.up_proj.weight_scale_inv", shard_id="w1", expert_id=0)
