@@ -33,7 +33,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--serve", action="append", required=True, help="NAME=CKPT[:FLAGS]")
     ap.add_argument("--compare", action="append", default=[], help="NAME_A,NAME_B: count differing answers")
-    ap.add_argument("--mem-fraction", type=float, default=0.15, help="per server; all run at once")
+    ap.add_argument("--mem-fraction", type=float, default=0.12, help="per server; all run at once")
     ap.add_argument("--port", type=int, default=30400)
     args, bench_args = ap.parse_known_args()
     bench_args = [a for a in bench_args if a != "--"]

@@ -5,13 +5,20 @@ models converted to MXFP8; references come from fresh servers started on each.
 
 1. soak: N refits alternating A/B; after each, greedy tokens identical to the fresh server's and
    logprobs within 1e-4; GPU memory after the last refit within 1 MiB of after the first.
+   Every MXFP8 tensor keeps its storage (the plugin's per-load storage line) and decode batches keep
+   running as CUDA graphs (SGLang's decode log line, --decode-log-interval 1).
 2. under load: 64 requests in flight while refitting A -> B: none fails, each equals A's or B's reference.
 3. corrupt refits (NaN weights, missing scale tensor, wrong scale shape, wrong weight dtype): the refit
    call fails naming the tensor, the server keeps serving A (checked by a request), a good refit works.
+4. malformed checkpoints at start-up (the same four, K % 32 != 0 on a quantized layer, a config that
+   says mxfp8 over BF16 weights): the server exits non-zero, promptly, with a line naming the tensor.
+5. update_weights_from_tensor (RL weight sync, no disk): B's tensors sent from this process as CUDA
+   IPC handles, weights and scales in separate calls; the next request equals B's fresh server.
 """
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -27,6 +34,7 @@ from sglang_mxfp8.serving import Server
 from sglang_mxfp8.tiny_model import write_qwen3_moe
 
 FLAGS = "--fp8-gemm-backend triton --moe-runner-backend triton"
+SOAK_FLAGS = FLAGS + " --decode-log-interval 1"
 BAD_TENSOR = "model.layers.0.mlp.experts.3.down_proj"
 
 
@@ -68,10 +76,77 @@ def corrupt_variants(a: Path, work: Path):
             variant("wrong_scale_shape", wrong_shape), variant("wrong_weight_dtype", wrong_dtype)]
 
 
+def startup_variants(ckpt_a: Path, work: Path):
+    """Corrupt copies of A for start-up, plus K % 32 != 0 on a quantized layer and mxfp8 over BF16 weights."""
+    variants = corrupt_variants(ckpt_a, work / "startup")
+    write_qwen3_moe(work / "k144_bf16", moe_intermediate=144)  # experts' down_proj: K = 144 = 4.5 x 32
+    convert(work / "k144_bf16", work / "k_not_multiple_of_32", force=True, progress=False)
+    bf16 = work / "mxfp8_config_over_bf16"
+    shutil.copytree(work / "A_bf16", bf16, dirs_exist_ok=True)
+    cfg = json.loads((bf16 / "config.json").read_text())
+    cfg["quantization_config"] = json.loads((ckpt_a / "config.json").read_text())["quantization_config"]
+    (bf16 / "config.json").write_text(json.dumps(cfg))
+    return variants + [("k_not_multiple_of_32", work / "k_not_multiple_of_32"), ("mxfp8_config_over_bf16", bf16)]
+
+
+def check_startup(variants, out: Path, timeout=300):
+    """Start every malformed checkpoint at once; each must exit non-zero with a line naming a tensor."""
+    procs = {}
+    for i, (name, path) in enumerate(variants):
+        log = out / f"startup_{name}.log"
+        cmd = ["python3", "-m", "sglang.launch_server", "--model-path", str(path), "--port", str(30500 + i),
+               "--skip-tokenizer-init", "--attention-backend", "triton", "--mem-fraction-static", "0.05",
+               "--disable-cuda-graph", *FLAGS.split()]
+        procs[name] = (subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True),
+                       log, time.time())
+    report = {}
+    for name, (proc, log, t0) in procs.items():
+        try:
+            code = proc.wait(timeout=max(1, timeout - (time.time() - t0)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = "hung"
+        text = log.read_text()
+        errors = [line for line in text.splitlines()
+                  if re.search(r"(Error|error|Exception):", line) and "Traceback" not in line]
+        report[name] = {"exit": code, "seconds": round(time.time() - t0), "error": errors[-1][-300:] if errors else None,
+                        "names_tensor": bool(errors and re.search(r"model\.layers\.\d+\.", errors[-1]))}
+        print(name, report[name], flush=True)
+    return report
+
+
+def update_from_tensor(s: Server, ckpt: Path):
+    """RL weight sync: the checkpoint's tensors as CUDA IPC handles, weights and scales in two calls."""
+    from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    monkey_patch_torch_reductions()
+    tensors = {k: v.cuda() for k, v in load_file(str(ckpt / "model.safetensors")).items()}
+    results = []
+    for part in ([k for k in tensors if not k.endswith("_scale_inv")], [k for k in tensors if k.endswith("_scale_inv")]):
+        payload = MultiprocessingSerializer.serialize([(k, tensors[k]) for k in part], output_str=True)
+        r = requests.post(f"http://127.0.0.1:{s.port}/update_weights_from_tensor",
+                          json={"serialized_named_tensors": [payload], "flush_cache": True}, timeout=300)
+        results.append([r.status_code, r.json().get("success")])
+    torch.cuda.synchronize()
+    return results, tensors
+
+
+def log_counts(log: Path, since: int = 0) -> dict:
+    text = log.read_text()[since:]
+    return {
+        "storage_unchanged_lines": len(re.findall(r"storage of all \d+ MXFP8 tensors unchanged", text)),
+        "storage_moved_lines": len(re.findall(r"MXFP8 tensors moved since the first load", text)),
+        "decode_batches_with_cuda_graph": len(re.findall(r"cuda graph: True", text)),
+        "decode_batches_without_cuda_graph": len(re.findall(r"cuda graph: False", text)),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--refits", type=int, default=100)
+    ap.add_argument("--skip-startup", action="store_true")
     args = ap.parse_args()
     out, work = Path(args.out), Path("/tmp/reliability")
     out.mkdir(parents=True, exist_ok=True)
@@ -82,18 +157,20 @@ def main():
         ckpt[name] = work / name
     report = {}
 
+    # the two reference servers and the soak server start together (their start-ups overlap)
+    mem = " --mem-fraction-static 0.2"
+    fresh = {name: Server(f"fresh_{name}", str(ckpt[name]), FLAGS + mem, 30300 + i, out) for i, name in enumerate("AB")}
+    s = Server("soak", str(ckpt["A"]), SOAK_FLAGS + mem, 30302, out)
     refs = {}
-    for name in ("A", "B"):
-        s = Server(f"fresh_{name}", str(ckpt[name]), FLAGS, 30300, out)
-        try:
-            s.wait()
-            refs[name] = s.generate()
-        finally:
-            s.stop()
-
-    s = Server("soak", str(ckpt["A"]), FLAGS, 30301, out)
     try:
+        for name, f in fresh.items():
+            try:
+                f.wait()
+                refs[name] = f.generate()
+            finally:
+                f.stop()
         s.wait()
+        log_start = len(s.log.read_text())
         ok, mem = 0, []
         for i in range(args.refits):
             target = "B" if i % 2 == 0 else "A"
@@ -101,7 +178,8 @@ def main():
             ok += code == 200 and body.get("success") and same(s.generate(), refs[target])
             if i in (0, args.refits - 1):
                 mem.append(gpu_mib())
-        report["soak"] = {"refits": args.refits, "matching_fresh_server": ok, "gpu_mib_after_first_and_last": mem}
+        report["soak"] = {"refits": args.refits, "matching_fresh_server": ok, "gpu_mib_after_first_and_last": mem,
+                          **log_counts(s.log, log_start)}
         print(report["soak"], flush=True)
 
         s.refit(str(ckpt["A"]))
@@ -129,8 +207,19 @@ def main():
             print(name, report["corrupt"][name], flush=True)
         code, body = s.refit(str(ckpt["B"]))
         report["good_refit_after_corrupt"] = body.get("success") and same(s.generate(), refs["B"])
+
+        s.refit(str(ckpt["A"]))
+        report["from_tensor"] = {}
+        for target in ("B", "A"):
+            calls, _ = update_from_tensor(s, ckpt[target])
+            report["from_tensor"][target] = {"calls": calls, "equals_fresh_server": same(s.generate(), refs[target])}
+            print("update_weights_from_tensor", target, report["from_tensor"][target], flush=True)
+        report["server_log_totals"] = log_counts(s.log)
     finally:
         s.stop()
+    (out / "reliability.json").write_text(json.dumps(report, indent=1))
+    if not args.skip_startup:
+        report["startup"] = check_startup(startup_variants(ckpt["A"], work), out)
     (out / "reliability.json").write_text(json.dumps(report, indent=1))
 
 
