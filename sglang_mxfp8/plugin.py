@@ -225,6 +225,10 @@ def patch_loader() -> None:
         @functools.wraps(original)
         def load_weights_and_postprocess(model, weights, target_device):
             ConversionReport.reset()
+            for module in model.modules():  # a failed load before this one may have left records behind
+                tracker = getattr(module, "mxfp8_loads", None)
+                if tracker is not None:
+                    tracker.reset()
             original(model, weights, target_device)
             if ConversionReport.total:
                 logger.info(ConversionReport.line())

@@ -140,8 +140,12 @@ class LoadTracker:
                         "load both together"
                     )
         finally:
-            for keys in self.seen.values():
-                keys.clear()
+            self.reset()
+
+    def reset(self) -> None:
+        """Forget recorded loads (also those of a load that raised before its post-processing ran)."""
+        for keys in self.seen.values():
+            keys.clear()
 
 
 def _ids(keys) -> str:

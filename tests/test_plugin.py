@@ -236,6 +236,8 @@ for name in ("A", "B"):
 bad = dict(ckpts["A"]); w = bad["layer.weight"].clone(); w.view(torch.uint8)[3, 5] = 0x7F; bad["layer.weight"] = w
 ckpts["nan_weight"] = bad
 ckpts["missing_scale"] = {"layer.weight": ckpts["B"]["layer.weight"]}
+ckpts["wrong_scale_shape"] = {"layer.weight": ckpts["B"]["layer.weight"],
+                              "layer.weight_scale_inv": ckpts["B"]["layer.weight_scale_inv"][:, :-1].contiguous()}
 for name, tensors in ckpts.items():
     (root / name).mkdir()
     save_file(tensors, str(root / name / "model.safetensors"))
@@ -281,7 +283,7 @@ def refit(name, fn=patched):
 
 refit("A"); state_a = state(); refit("B"); state_b = state()
 assert not torch.equal(state_a[0], state_b[0])
-for name in ("nan_weight", "missing_scale"):
+for name in ("nan_weight", "missing_scale", "wrong_scale_shape"):
     refit(name)
     assert all(torch.equal(x, y) for x, y in zip(state(), state_b)), name
 refit("A"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
@@ -300,6 +302,10 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     assert lines[2].endswith(f"Rolled back to {tmp_path / 'B'}.")
     assert lines[3].startswith("missing_scale False B | Failed to update weights: layer.weight: the checkpoint "
                                "loaded this weight without its scale tensor")
-    assert lines[4].startswith("A True A |")
+    # the aborted load's records (a scale of the wrong shape) must not fail the rollback that follows
+    assert lines[4].startswith("wrong_scale_shape False B | Failed to update weights: layer.weight: weight "
+                               "[256, 512] needs a scale of shape [256, 16] (one per 32 along K), the checkpoint "
+                               "has [256, 15]")
+    assert lines[5].startswith("A True A |")
     # stock SGLang: its rollback re-reads the bad path, fails again and raises out of the scheduler call
-    assert lines[5].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
+    assert lines[6].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
