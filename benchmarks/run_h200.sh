@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 if [ "${1:-}" = recv ]; then
   # one chunk of the GGUF per command (python benchmarks/accuracy/ship_gguf.py stage K; carry .model/send);
   # kept under /tmp, which outlives the repo folder while the machine stays warm; no .gpu needed
-  mkdir -p /tmp/gguf_chunks && mv .model/send/chunk*.bin /tmp/gguf_chunks/ && ls /tmp/gguf_chunks | tr '\n' ' '
+  mkdir -p /tmp/gguf_chunks && mv "${2:-.model/send}"/chunk*.bin /tmp/gguf_chunks/ && ls /tmp/gguf_chunks | tr '\n' ' '
   exit
 fi
 source .gpu/bootstrap.sh || exit 1
@@ -29,11 +29,27 @@ accuracy-prep)
   cat /tmp/gguf_chunks/chunk*.bin > /tmp/model.gguf
   echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  /tmp/model.gguf" | sha256sum -c - || exit 1
   python3 - <<'PY'
-import torch
+import json, os, torch
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+out = "/tmp/coder-bf16"
 tok = AutoTokenizer.from_pretrained("/tmp", gguf_file="model.gguf")
 model = AutoModelForCausalLM.from_pretrained("/tmp", gguf_file="model.gguf", dtype=torch.bfloat16)
-model.save_pretrained("/tmp/coder-bf16"); tok.save_pretrained("/tmp/coder-bf16")
+try:
+    model.save_pretrained(out)
+except ValueError:  # transformers 5.17 counts a GGUF-loaded model as quantized and will not save it
+    os.makedirs(out, exist_ok=True)
+    sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    save_file(sd, f"{out}/model.safetensors", metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["torch_dtype"] = "bfloat16"
+    cfg["architectures"] = [type(model).__name__]  # a GGUF-loaded config has none
+    json.dump(cfg, open(f"{out}/config.json", "w"), indent=1)
+tok.save_pretrained(out)
+print(sorted(os.listdir(out)), sum(v.numel() for v in model.state_dict().values()) / 1e9, "B params")
 PY
   sglang-mxfp8 convert /tmp/coder-bf16 /tmp/coder-mxfp8 --force
   python3 benchmarks/accuracy/upcycle_moe.py /tmp/coder-bf16 /tmp/coder-moe-bf16

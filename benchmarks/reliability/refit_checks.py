@@ -157,18 +157,18 @@ def main():
         ckpt[name] = work / name
     report = {}
 
-    # the two reference servers and the soak server start together (their start-ups overlap)
-    mem = " --mem-fraction-static 0.2"
-    fresh = {name: Server(f"fresh_{name}", str(ckpt[name]), FLAGS + mem, 30300 + i, out) for i, name in enumerate("AB")}
-    s = Server("soak", str(ckpt["A"]), SOAK_FLAGS + mem, 30302, out)
+    # one server at a time: SGLang sizes its KV pool from the memory a load took, which servers
+    # loading side by side inflate ("Not enough memory")
     refs = {}
+    for name in "AB":
+        f = Server(f"fresh_{name}", str(ckpt[name]), FLAGS, 30300, out)
+        try:
+            f.wait()
+            refs[name] = f.generate()
+        finally:
+            f.stop()
+    s = Server("soak", str(ckpt["A"]), SOAK_FLAGS, 30301, out)
     try:
-        for name, f in fresh.items():
-            try:
-                f.wait()
-                refs[name] = f.generate()
-            finally:
-                f.stop()
         s.wait()
         log_start = len(s.log.read_text())
         ok, mem = 0, []
@@ -193,14 +193,20 @@ def main():
                     results.append(f.result())
                 except requests.RequestException:
                     failed += 1
-        matches = sum(same(r, refs["A"]) or same(r, refs["B"]) for r in results)
-        report["under_load"] = {"requests": 64, "failed": failed, "equal_to_A_or_B": matches, "refit": [code, body]}
+        # batches of up to 512 sequences run other GEMM shapes than the 8-sequence references: tokens
+        # must match, logprobs are reported
+        matches = sum(same(r, refs["A"], tol=1e9) or same(r, refs["B"], tol=1e9) for r in results)
+        report["under_load"] = {"requests": 64, "failed": failed, "tokens_equal_to_A_or_B": matches,
+                                "refit": [code, body]}
         print(report["under_load"], flush=True)
 
         report["corrupt"] = {}
         s.refit(str(ckpt["A"]))
         for name, path in corrupt_variants(ckpt["A"], work):
             code, body = s.refit(str(path))
+            # a failed refit keeps the radix cache; a cached prefix takes another numeric path than the
+            # reference's full prefill, so flush it before comparing
+            requests.post(f"http://127.0.0.1:{s.port}/flush_cache", timeout=60)
             still_a = same(s.generate(), refs["A"])
             report["corrupt"][name] = {"success": body.get("success"), "message": body.get("message", "")[:300],
                                        "still_serving_A": still_a}
