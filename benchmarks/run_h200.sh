@@ -56,7 +56,7 @@ PY
   sglang-mxfp8 convert /tmp/coder-moe-bf16 /tmp/coder-moe-mxfp8 --force
   ;;
 accuracy)
-  # every served model in one command: start-ups overlap, benchmarks run one at a time
+  # every served model in one command, one server at a time (about 1.5 min each for the 1.5B model)
   python3 benchmarks/accuracy/run_accuracy.py --out "$OUT" \
     --serve bf16=/tmp/coder-bf16 \
     --serve mx_flashinfer=/tmp/coder-mxfp8:"--fp8-gemm-backend flashinfer_trtllm" \

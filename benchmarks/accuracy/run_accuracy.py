@@ -1,7 +1,8 @@
 """GSM8K on several served checkpoints in one go, on one GPU: accuracy, speed, answers that differ.
 
-All servers start at once (each with a small --mem-fraction-static), so their start-ups overlap; the
-benchmarks then run one after another, each server stopped after its run, so no two runs share the GPU.
+One server at a time (start, benchmark, stop), all with the same flags but the ones given per server.
+Servers started side by side do not work: SGLang sizes its KV pool from the memory its own load took,
+which the neighbours' loads inflate ("Not enough memory" at --mem-fraction-static 0.12, seen on the H200).
 
     python benchmarks/accuracy/run_accuracy.py --out OUT \\
         --serve bf16=/tmp/coder-bf16 \\
@@ -33,18 +34,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--serve", action="append", required=True, help="NAME=CKPT[:FLAGS]")
     ap.add_argument("--compare", action="append", default=[], help="NAME_A,NAME_B: count differing answers")
-    ap.add_argument("--mem-fraction", type=float, default=0.12, help="per server; all run at once")
     ap.add_argument("--port", type=int, default=30400)
     args, bench_args = ap.parse_known_args()
     bench_args = [a for a in bench_args if a != "--"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    servers = []
-    for i, spec in enumerate(args.serve):
-        name, ckpt, flags = parse_serve(spec)
-        flags += f" --mem-fraction-static {args.mem_fraction}"
-        servers.append(Server(name, ckpt, flags, args.port + i, out, text=True))
+    servers = [parse_serve(spec) for spec in args.serve]
     records, rows = {}, []
 
     def write_table():
@@ -63,32 +59,31 @@ def main():
         (out / "accuracy.md").write_text("\n".join(lines) + "\n")
         return "\n".join(lines)
 
-    try:
-        for s in servers:
-            try:
-                s.wait(timeout=600)
-            except (RuntimeError, TimeoutError) as e:
-                last = [line for line in str(e).splitlines() if line.strip()][-1]
-                print(f"[{s.name}] did not start: {last}", flush=True)
-                rows.append(f"| {s.name} | did not start: {last[:200]} | | | | | `{s.cmd}` |")
-                s.stop()
-                write_table()
-                continue
-            result = out / f"gsm8k_{s.name}.jsonl"
-            rc = subprocess.call([sys.executable, str(BENCH), "--port", str(s.port), "--result-file", str(result),
-                                  *bench_args])
+    for name, ckpt, flags in servers:
+        s = Server(name, ckpt, flags, args.port, out, text=True)
+        try:
+            s.wait(timeout=600)
+        except (RuntimeError, TimeoutError) as e:
+            last = [line for line in str(e).splitlines() if line.strip()][-1]
+            print(f"[{name}] did not start: {last}", flush=True)
+            rows.append(f"| {name} | did not start: {last[:200]} | | | | | `{s.cmd}` |")
             s.stop()
-            if not result.is_file():
-                rows.append(f"| {s.name} | benchmark exited {rc} | | | | | `{s.cmd}` |")
-            else:
-                r = records[s.name] = json.loads(result.read_text().splitlines()[-1])
-                rows.append(f"| {s.name} | {r['accuracy']:.3f} | {r['invalid']:.3f} | {r['latency']:.1f} | "
-                            f"{r['output_throughput']:.0f} | {r['failed_requests']} | `{s.cmd}` |")
-            print(rows[-1], flush=True)
             write_table()
-    finally:
-        for s in servers:
+            continue
+        result = out / f"gsm8k_{name}.jsonl"
+        try:
+            rc = subprocess.call([sys.executable, str(BENCH), "--port", str(args.port), "--result-file", str(result),
+                                  *bench_args])
+        finally:
             s.stop()
+        if not result.is_file():
+            rows.append(f"| {name} | benchmark exited {rc} | | | | | `{s.cmd}` |")
+        else:
+            r = records[name] = json.loads(result.read_text().splitlines()[-1])
+            rows.append(f"| {name} | {r['accuracy']:.3f} | {r['invalid']:.3f} | {r['latency']:.1f} | "
+                        f"{r['output_throughput']:.0f} | {r['failed_requests']} | `{s.cmd}` |")
+        print(rows[-1], flush=True)
+        write_table()
     print(write_table())
 
 if __name__ == "__main__":
