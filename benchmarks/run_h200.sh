@@ -8,6 +8,7 @@
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
+#   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +89,10 @@ stock)
   timeout 300 python3 -m sglang.launch_server --model-path /tmp/st_mx --fp8-gemm-backend flashinfer_trtllm \
     --moe-runner-backend flashinfer_cutlass --skip-tokenizer-init --attention-backend triton > "$OUT/stock.log" 2>&1
   echo "stock command exit code $? after $(( $(date +%s) - start )) s; last line:"; tail -n 1 "$OUT/stock.log"
+  ;;
+e2e)
+  python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
+    --mx-flags "${E2E_MX_FLAGS:---fp8-gemm-backend triton --moe-runner-backend triton}"
   ;;
 moe)
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md"

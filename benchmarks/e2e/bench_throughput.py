@@ -1,0 +1,127 @@
+"""Served output tokens/s and batch-1 decode latency: a Qwen3-30B-A3B-shaped model, BF16 vs MXFP8.
+
+Full width (hidden 2048, 32 q / 4 kv heads of 128, 128 experts of 768, top-8, vocab 151936), fewer
+layers (--layers, default 4), random weights; converted to MXFP8 with our converter. Each checkpoint
+is served by the stock launcher with the same flags except the quantization ones (one server at a
+time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
+
+- throughput at each --concurrency: 2 x concurrency requests (at least 8) with that many in flight,
+  output tokens / wall time;
+- decode latency at batch 1: (time of a request with 1 + D new tokens - time with 1) / D.
+
+    python benchmarks/e2e/bench_throughput.py --out OUT --mx-flags "--fp8-gemm-backend triton --moe-runner-backend triton"
+
+Writes OUT/e2e.md (table, MXFP8/BF16 ratios measured in this run), OUT/e2e.json, OUT/e2e.png if matplotlib is there.
+"""
+
+import argparse
+import json
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from sglang_mxfp8.convert import convert
+from sglang_mxfp8.serving import Server
+from sglang_mxfp8.tiny_model import write_qwen3_moe
+
+QWEN3_30B_A3B = dict(hidden=2048, moe_intermediate=768, experts=128, top_k=8, heads=32, kv_heads=4, head_dim=128,
+                     vocab=151936)
+
+
+def generate(port: int, ids, new_tokens: int) -> int:
+    r = requests.post(f"http://127.0.0.1:{port}/generate", json={
+        "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}},
+        timeout=600)
+    r.raise_for_status()
+    return r.json()["meta_info"]["completion_tokens"]
+
+
+def measure(port: int, args) -> dict:
+    rng = random.Random(0)
+
+    def prompt():
+        return [rng.randrange(1000, 150000) for _ in range(args.input_len)]
+
+    generate(port, prompt(), 8)  # warm-up outside the timings
+    result = {}
+    for c in args.concurrency:
+        prompts = [prompt() for _ in range(max(8, 2 * c))]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(c) as pool:
+            tokens = sum(pool.map(lambda p: generate(port, p, args.output_len), prompts))
+        result[f"c{c}"] = tokens / (time.perf_counter() - t0)
+    p = prompt()
+    times = {}
+    for n in (1, 1 + args.decode_tokens):
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            generate(port, p, n)
+            runs.append(time.perf_counter() - t0)
+        times[n] = sorted(runs)[1]
+    result["decode_ms_per_token"] = 1e3 * (times[1 + args.decode_tokens] - times[1]) / args.decode_tokens
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workdir", default="/tmp/e2e")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--flags", default="--cuda-graph-max-bs 128", help="both servers")
+    ap.add_argument("--mx-flags", default="--fp8-gemm-backend triton --moe-runner-backend triton")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128])
+    ap.add_argument("--input-len", type=int, default=1024)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--port", type=int, default=30600)
+    args = ap.parse_args()
+    out, work = Path(args.out), Path(args.workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    bf16, mx = work / "bf16", work / "mxfp8"
+    if not (bf16 / "config.json").is_file():
+        write_qwen3_moe(bf16, layers=args.layers, **QWEN3_30B_A3B)
+    if not (mx / "config.json").is_file():
+        convert(bf16, mx, force=True)
+
+    results, commands = {}, {}
+    for name, ckpt, flags in (("BF16", bf16, args.flags), ("MXFP8", mx, f"{args.flags} {args.mx_flags}")):
+        s = Server(name, str(ckpt), flags, args.port, out)
+        commands[name] = s.cmd
+        try:
+            s.wait(timeout=900)
+            results[name] = measure(args.port, args)
+            print(name, results[name], flush=True)
+        finally:
+            s.stop()
+
+    b, m = results["BF16"], results["MXFP8"]
+    lines = [f"Qwen3-30B-A3B-shaped, {args.layers} layers, random weights; input {args.input_len}, output "
+             f"{args.output_len} tokens (ignore_eos); one server at a time, same run.", "",
+             "| concurrency | BF16 tok/s | MXFP8 tok/s | MXFP8 / BF16 |", "|---|---|---|---|"]
+    for c in args.concurrency:
+        k = f"c{c}"
+        lines.append(f"| {c} | {b[k]:.0f} | {m[k]:.0f} | {m[k] / b[k]:.2f}x |")
+    lines += ["", f"decode latency at batch 1: BF16 {b['decode_ms_per_token']:.2f} ms/token, MXFP8 "
+              f"{m['decode_ms_per_token']:.2f} ms/token ({b['decode_ms_per_token'] / m['decode_ms_per_token']:.2f}x speed)",
+              "", *[f"- {k}: `{v}`" for k, v in commands.items()]]
+    table = "\n".join(lines)
+    (out / "e2e.md").write_text(table + "\n")
+    (out / "e2e.json").write_text(json.dumps({"results": results, "commands": commands, "args": vars(args)}, indent=1))
+    print(table)
+    try:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from plot_speedup import plot
+
+        plot(out / "e2e.md", out / "e2e.png", "Served output tok/s, MXFP8 / BF16 (same run)", target=1.4)
+    except ImportError:
+        print("matplotlib not installed: no e2e.png (python benchmarks/plot_speedup.py OUT/e2e.md OUT/e2e.png)")
+
+
+if __name__ == "__main__":
+    main()
