@@ -18,27 +18,38 @@ FP8_MAX = 448.0
 
 
 @triton.jit
-def _quant_act_kernel(x_ptr, q_ptr, s_ptr, K, KB, stride_xm, stride_qm, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def _quant_act_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_xm, stride_qm, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.program_id(1)
-    offs = g * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
+    cols = g * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
     scale = tl.maximum(amax / 448.0, 1e-12)
-    q = tl.clamp(x / scale, -448.0, 448.0)
-    tl.store(q_ptr + row * stride_qm + offs, q.to(tl.float8e4nv), mask=mask)
-    tl.store(s_ptr + row * KB + g, scale)
+    q = tl.clamp(x / scale[:, None], -448.0, 448.0)
+    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + rows * KB + g, scale, mask=row_ok)
 
 
-def quantize_act_1x128(x: torch.Tensor):
-    """x [M, K] bf16/fp16 -> (e4m3 [M, K], float32 scales [M, ceil(K/128)])."""
+def act_quant_rows(m: int) -> int:
+    """Rows per program: 1 for a single token; up to 16 (a [16, 128] tile, 4 warps) for batches, so a
+    large M is not one 1-warp program per 128 elements."""
+    return min(16, triton.next_power_of_2(max(m, 1)))
+
+
+def quantize_act_1x128(x: torch.Tensor, rows: int | None = None):
+    """x [M, K] bf16/fp16 -> (e4m3 [M, K], float32 scales [M, ceil(K/128)]); ``rows``: tile height."""
     m, k = x.shape
     kb = triton.cdiv(k, GROUP_K)
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((m, kb), dtype=torch.float32, device=x.device)
     if m:
-        _quant_act_kernel[(m, kb)](x, q, s, k, kb, x.stride(0), q.stride(0), BLOCK=GROUP_K, num_warps=1)
+        rows = rows or act_quant_rows(m)
+        _quant_act_kernel[(triton.cdiv(m, rows), kb)](
+            x, q, s, m, k, kb, x.stride(0), q.stride(0), ROWS=rows, BLOCK=GROUP_K,
+            num_warps=max(1, min(8, rows * GROUP_K // 512)),
+        )
     return q, s
 
 

@@ -16,9 +16,10 @@ torch.manual_seed(0)
 worst = 0.0
 for m, n, k in [(1, 64, 128), (7, 200, 352), (33, 130, 256), (16, 96, 96), (70, 64, 160), (130, 72, 160)]:
     x = (torch.randn(m, k) * torch.logspace(-2, 2, k)).to(torch.bfloat16)
-    _, s = th.quantize_act_1x128(x)
     q, s_ref = quantize_activation_1x128(x)
-    assert torch.equal(s, s_ref), (m, k)  # amax / 448 per (row, 128 columns), tail group masked
+    for rows in (None, 1, 4, 16):  # tile heights: M tails masked in rows, K tails in columns
+        _, s = th.quantize_act_1x128(x, rows)
+        assert torch.equal(s, s_ref), (m, k, rows)  # amax / 448 per (row, 128 columns)
     w, ws = quantize_mxfp8(torch.randn(n, k) * 0.02)
     bs, _ = convert_to_block_scales(w, ws, 1)
     bias = torch.randn(n).to(torch.bfloat16)

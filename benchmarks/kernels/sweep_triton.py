@@ -38,8 +38,9 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     lines = [f"GPU: {torch.cuda.get_device_name()}; do_bench medians, microseconds", "",
-             "| K->N | M | BF16 | act quant | GEMM default cfg | GEMM best cfg | best cfg | best whole op vs BF16 |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| K->N | M | BF16 | act quant (default rows) | act quant rows 1 / 4 / 16 / 32 | GEMM default cfg | "
+             "GEMM best cfg | best cfg | best whole op vs BF16 |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, (k, n) in SHAPES.items():
         q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
         w_s, _ = convert_to_block_scales(q, s, 1)
@@ -49,6 +50,7 @@ def main():
             a_q, a_s = th.quantize_act_1x128(x)
             t16 = do_bench(lambda: torch.nn.functional.linear(x, w16), rep=50) * 1e3
             tq = do_bench(lambda: th.quantize_act_1x128(x), rep=50) * 1e3
+            tq_rows = {r: do_bench(lambda: th.quantize_act_1x128(x, r), rep=50) * 1e3 for r in (1, 4, 16, 32)}
             tdef = do_bench(lambda: gemm(a_q, a_s, q, w_s, th._config(m)), rep=50) * 1e3
             best = (float("inf"), None)
             for cfg in GRID:
@@ -61,7 +63,9 @@ def main():
                 best = min(best, (t, cfg), key=lambda b: b[0])
             t, cfg = best
             short = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
-            lines.append(f"| {name} | {m} | {t16:.1f} | {tq:.1f} | {tdef:.1f} | {t:.1f} | {short} | {t16 / (t + tq):.2f}x |")
+            rows = " / ".join(f"{tq_rows[r]:.1f}" for r in sorted(tq_rows))
+            lines.append(f"| {name} | {m} | {t16:.1f} | {tq:.1f} | {rows} | {tdef:.1f} | {t:.1f} | {short} | "
+                         f"{t16 / (t + tq):.2f}x |")
             print(lines[-1], flush=True)
     open(args.out, "w").write("\n".join(lines) + "\n")
 
