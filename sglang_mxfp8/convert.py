@@ -107,6 +107,12 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
                         out[name[: -len("weight")] + "weight_scale_inv"] = s
                         report.quantized.append(name)
                     else:
+                        if ".experts." in name and name.endswith(".weight") and t.dim() == 2 and t.shape[-1] % MX_BLOCK:
+                            # SGLang runs all experts of a layer as one fused MoE in one dtype
+                            raise ConvertError(
+                                f"{src / shard}: {name} has K={t.shape[-1]}, not a multiple of {MX_BLOCK}; every expert "
+                                "projection must be MXFP8 for the fused MoE, so this model cannot be converted"
+                            )
                         out[name] = t
                         report.kept.append(name)
                         if name.endswith(".weight") and t.dim() == 2:

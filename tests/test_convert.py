@@ -99,6 +99,16 @@ def test_nan_weight_is_named(tmp_path):
         convert(src, tmp_path / "o", progress=False)
 
 
+def test_expert_with_k_not_multiple_of_32_is_refused(tmp_path):
+    """A dense layer with K % 32 != 0 stays BF16 (listed as not converted); an expert cannot."""
+    from sglang_mxfp8.tiny_model import write_qwen3_moe
+
+    src = write_qwen3_moe(tmp_path / "k144", moe_intermediate=144)  # experts' down_proj: K = 144
+    with pytest.raises(ConvertError, match=r"model.layers.0.mlp.experts.0.down_proj.weight has K=144, not a "
+                                           r"multiple of 32; every expert projection must be MXFP8"):
+        convert(src, tmp_path / "o", progress=False)
+
+
 def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
     dst = tmp_path / "cli"
     assert cli(["convert", str(hf_llama), str(dst)]) == 0

@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from sglang_mxfp8.convert import convert
+from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.serving import Server
 from sglang_mxfp8.tiny_model import write_qwen3_moe
 
@@ -79,8 +80,22 @@ def corrupt_variants(a: Path, work: Path):
 def startup_variants(ckpt_a: Path, work: Path):
     """Corrupt copies of A for start-up, plus K % 32 != 0 on a quantized layer and mxfp8 over BF16 weights."""
     variants = corrupt_variants(ckpt_a, work / "startup")
-    write_qwen3_moe(work / "k144_bf16", moe_intermediate=144)  # experts' down_proj: K = 144 = 4.5 x 32
-    convert(work / "k144_bf16", work / "k_not_multiple_of_32", force=True, progress=False)
+    # experts' down_proj with K = 144 = 4.5 x 32, quantized anyway (our converter refuses such a model):
+    # weight [N, 144] e4m3, scale [N, 5]
+    k144 = write_qwen3_moe(work / "k144_bf16", moe_intermediate=144)
+    tensors = {}
+    for name, t in load_file(str(k144 / "model.safetensors")).items():
+        if ".experts." in name:
+            k = t.shape[-1]
+            q, s = quantize_mxfp8(torch.nn.functional.pad(t.float(), (0, -k % 32)))
+            t, tensors[name.replace(".weight", ".weight_scale_inv")] = q[:, :k].contiguous(), s
+        tensors[name] = t
+    bad_k = work / "k_not_multiple_of_32"
+    bad_k.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(bad_k / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((k144 / "config.json").read_text())
+    cfg["quantization_config"] = json.loads((ckpt_a / "config.json").read_text())["quantization_config"]
+    (bad_k / "config.json").write_text(json.dumps(cfg))
     bf16 = work / "mxfp8_config_over_bf16"
     shutil.copytree(work / "A_bf16", bf16, dirs_exist_ok=True)
     cfg = json.loads((bf16 / "config.json").read_text())
