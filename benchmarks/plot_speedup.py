@@ -72,6 +72,15 @@ def plot(table: Path, png: Path, title: str, target=None) -> Path:
     return png
 
 
+def plot_beside(table: Path, title: str, target=None) -> None:
+    """For the benchmark scripts: TABLE.png beside TABLE.md, or a line saying how to make it later."""
+    table = Path(table)
+    try:
+        print("plot:", plot(table, table.with_suffix(".png"), title, target))
+    except ImportError:
+        print(f"matplotlib is not installed here: python benchmarks/plot_speedup.py {table} {table.with_suffix('.png')}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("table")

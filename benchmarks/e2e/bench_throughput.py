@@ -17,6 +17,7 @@ Writes OUT/e2e.md (table, MXFP8/BF16 ratios measured in this run), OUT/e2e.json,
 import argparse
 import json
 import random
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,9 @@ import requests
 from sglang_mxfp8.convert import convert
 from sglang_mxfp8.serving import Server
 from sglang_mxfp8.tiny_model import write_qwen3_moe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from plot_speedup import plot_beside  # noqa: E402
 
 QWEN3_30B_A3B = dict(hidden=2048, moe_intermediate=768, experts=128, top_k=8, heads=32, kv_heads=4, head_dim=128,
                      vocab=151936)
@@ -112,16 +116,7 @@ def main():
     (out / "e2e.md").write_text(table + "\n")
     (out / "e2e.json").write_text(json.dumps({"results": results, "commands": commands, "args": vars(args)}, indent=1))
     print(table)
-    try:
-        import sys
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from plot_speedup import plot
-
-        plot(out / "e2e.md", out / "e2e.png", "Served output tok/s, MXFP8 / BF16 (same run)", target=1.4)
-    except ImportError:
-        print("matplotlib not installed: no e2e.png (python benchmarks/plot_speedup.py OUT/e2e.md OUT/e2e.png)")
-
+    plot_beside(out / "e2e.md", "Served output tok/s, MXFP8 / BF16 (same run)", target=1.4)
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,8 @@ quantization + GEMM). Prints a markdown table and writes it to --out.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 from triton.testing import do_bench
@@ -12,6 +14,9 @@ from triton.testing import do_bench
 from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.resolver import Choice
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from plot_speedup import plot_beside  # noqa: E402
 
 SHAPES = {  # name: (K, N)
     "qwen3-30b-a3b qkv 2048->5120": (2048, 5120),
@@ -59,6 +64,7 @@ def main():
             lines.append(f"| {name} | {m} | {t16:.1f} | " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     open(args.out, "w").write("\n".join(lines) + "\n")
+    plot_beside(args.out, "Dense MXFP8 layer (quantize + GEMM) vs BF16 cuBLAS, " + torch.cuda.get_device_name(), target=1.6)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8.
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
@@ -15,6 +17,9 @@ from triton.testing import do_bench
 
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.refit import BlockScaleConverter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from plot_speedup import plot_beside  # noqa: E402
 
 E, H, I, TOPK = 128, 2048, 768, 8
 MS = [1, 16, 64, 128, 256, 1024, 4096, 8192]
@@ -70,6 +75,7 @@ def main():
         lines.append(f"| {m} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {rel:.4f} |")
         print(lines[-1], flush=True)
     open(args.out, "w").write("\n".join(lines) + "\n")
+    plot_beside(args.out, "MoE layer, MXFP8 vs BF16, " + torch.cuda.get_device_name(), target=1.5)
 
 
 if __name__ == "__main__":
