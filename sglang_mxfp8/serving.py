@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,10 @@ class Server:
     def __init__(self, name, ckpt, flags, port, log_dir, text=False):
         """``text``: load the checkpoint's tokenizer (default: input_ids only, --skip-tokenizer-init)."""
         self.name, self.ckpt, self.port = name, ckpt, port
+        with socket.socket() as sock:  # else wait() would take a leftover server's answers for ours
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise RuntimeError(f"[{name}] port {port} already has a server (left over from an earlier run?); "
+                                   "stop it or pick another port")
         self.log = Path(log_dir) / f"server_{name}.log"
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--port", str(port)]
         base = BASE_FLAGS.replace(" --skip-tokenizer-init", "") if text else BASE_FLAGS

@@ -142,3 +142,15 @@ def test_run_accuracy_tables_servers_and_differences(tmp_path, monkeypatch, caps
     assert table[3].startswith("| mx | 0.475 | 0.275 |") and "| 1 | `peer fails_q4 --fp8-gemm-backend triton` |" in table[3]
     assert table[4] == "| dead | did not start: ValueError: model.layers.0.mlp: bad scale | | | | | `peer broken` |"
     assert table[8].startswith("| mx vs ref | 1 of 40 | -2.5 | ") and len(table) == 9  # no row for a server that did not start
+
+
+def test_server_refuses_a_port_already_serving():
+    """A leftover server on the port would answer health checks meant for ours."""
+    from sglang_mxfp8.serving import Server
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"port {port} already has a server"):
+            Server("x", "/nonexistent", "", port, "/tmp")

@@ -18,7 +18,9 @@ models converted to MXFP8; references come from fresh servers started on each.
 
 import argparse
 import json
+import os
 import re
+import signal
 import shutil
 import subprocess
 import time
@@ -119,7 +121,7 @@ def check_startup(variants, out: Path, timeout=300):
         try:
             code = proc.wait(timeout=max(1, timeout - (time.time() - t0)))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             code = "hung"
         text = log.read_text()
         errors = [line for line in text.splitlines()
@@ -175,14 +177,14 @@ def main():
     # one server at a time: SGLang sizes its KV pool from the memory a load took, which servers
     # loading side by side inflate ("Not enough memory")
     refs = {}
-    for name in "AB":
-        f = Server(f"fresh_{name}", str(ckpt[name]), FLAGS, 30300, out)
+    for i, name in enumerate("AB"):
+        f = Server(f"fresh_{name}", str(ckpt[name]), FLAGS, 30300 + i, out)
         try:
             f.wait()
             refs[name] = f.generate()
         finally:
             f.stop()
-    s = Server("soak", str(ckpt["A"]), SOAK_FLAGS, 30301, out)
+    s = Server("soak", str(ckpt["A"]), SOAK_FLAGS, 30302, out)
     try:
         s.wait()
         log_start = len(s.log.read_text())
