@@ -95,7 +95,7 @@ class LoadTracker:
         expected = param.dtype
         label, kind = slot
         partner = (label, "scale" if kind == "weight" else "weight")
-        tensor = f"{self.name}.{label + '_' if label else ''}weight"
+        tensor = self._weight_name(label)
 
         def weight_loader(p, loaded_weight, *args, **kwargs):
             if loaded_weight.dtype != expected:  # copy_ would cast it silently into garbage
@@ -121,6 +121,9 @@ class LoadTracker:
 
         setattr(param, attr, weight_loader)
 
+    def _weight_name(self, label: str) -> str:
+        return f"{self.name}.{label}_weight" if label else f"{self.name}.weight"
+
     def check(self) -> None:
         """Raise if a weight shard was loaded without its scale, or the other way round; then reset."""
         try:
@@ -128,7 +131,7 @@ class LoadTracker:
                 if kind != "weight":
                     continue
                 keys, scales = set(loaded), set(self.seen[(label, "scale")])
-                tensor = f"{self.name}.{label + '_' if label else ''}weight"
+                tensor = self._weight_name(label)
                 if keys - scales:
                     raise ValueError(
                         f"{tensor}: the checkpoint loaded this weight{_ids(keys - scales)} without its scale "
