@@ -92,7 +92,8 @@ stock)
   ;;
 e2e)
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
-    --mx-flags "${E2E_MX_FLAGS:---fp8-gemm-backend triton --moe-runner-backend triton}"
+    --mx "triton=--fp8-gemm-backend triton --moe-runner-backend triton" \
+    --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   ;;
 moe)
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md"

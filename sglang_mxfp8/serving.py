@@ -51,18 +51,24 @@ class Server:
             time.sleep(2)
         raise TimeoutError(f"[{self.name}] not up after {timeout} s")
 
-    def generate(self, max_new_tokens=16):
+    def generate(self, max_new_tokens=16, margins=False):
+        """Greedy tokens of PROMPTS with their logprobs; ``margins``: also the top-1 minus top-2 logprob
+        per position (how close the greedy choice was to a tie)."""
+        params = {"return_logprob": True, **({"top_logprobs_num": 2} if margins else {})}
         r = requests.post(
             f"http://127.0.0.1:{self.port}/generate",
             json={"input_ids": PROMPTS, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens,
-                                                              "ignore_eos": True}, "return_logprob": True},
+                                                              "ignore_eos": True}, **params},
             timeout=120,
         )
         r.raise_for_status()
         out = []
         for item in r.json():
             lp = item["meta_info"]["output_token_logprobs"]
-            out.append({"ids": [t[1] for t in lp], "logprobs": [t[0] for t in lp]})
+            seq = {"ids": [t[1] for t in lp], "logprobs": [t[0] for t in lp]}
+            if margins:
+                seq["margins"] = [top[0][0] - top[1][0] for top in item["meta_info"]["output_top_logprobs"]]
+            out.append(seq)
         return out
 
     def refit(self, path):

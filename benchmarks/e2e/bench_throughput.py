@@ -6,10 +6,13 @@ is served by the stock launcher with the same flags except the quantization ones
 time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
 
 - throughput at each --concurrency: 2 x concurrency requests (at least 8) with that many in flight,
-  output tokens / wall time;
+  output tokens / wall time, after an untimed round at the same concurrency (SGLang's Triton MoE
+  compiles a kernel for each new batch-size bucket on first use);
 - decode latency at batch 1: (time of a request with 1 + D new tokens - time with 1) / D.
 
-    python benchmarks/e2e/bench_throughput.py --out OUT --mx-flags "--fp8-gemm-backend triton --moe-runner-backend triton"
+    python benchmarks/e2e/bench_throughput.py --out OUT \
+        --mx "triton=--fp8-gemm-backend triton --moe-runner-backend triton" \
+        --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
 
 Writes OUT/e2e.md (table, MXFP8/BF16 ratios measured in this run), OUT/e2e.json, OUT/e2e.png if matplotlib is there.
 """
@@ -49,9 +52,11 @@ def measure(port: int, args) -> dict:
     def prompt():
         return [rng.randrange(1000, 150000) for _ in range(args.input_len)]
 
-    generate(port, prompt(), 8)  # warm-up outside the timings
+    generate(port, prompt(), 8)
     result = {}
     for c in args.concurrency:
+        with ThreadPoolExecutor(c) as pool:  # warm-up round, untimed
+            list(pool.map(lambda p: generate(port, p, 32), [prompt() for _ in range(c)]))
         prompts = [prompt() for _ in range(max(8, 2 * c))]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(c) as pool:
@@ -76,7 +81,8 @@ def main():
     ap.add_argument("--workdir", default="/tmp/e2e")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--flags", default="--cuda-graph-max-bs 128", help="both servers")
-    ap.add_argument("--mx-flags", default="--fp8-gemm-backend triton --moe-runner-backend triton")
+    ap.add_argument("--mx", action="append", metavar="NAME=FLAGS",
+                    help="an MXFP8 server variant (repeatable); default: triton dense and MoE")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128])
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
@@ -91,9 +97,13 @@ def main():
     if not (mx / "config.json").is_file():
         convert(bf16, mx, force=True)
 
+    variants = [("BF16", bf16, args.flags)]
+    for spec in args.mx or ["triton=--fp8-gemm-backend triton --moe-runner-backend triton"]:
+        name, flags = spec.split("=", 1)
+        variants.append((f"MXFP8 {name}", mx, f"{args.flags} {flags}"))
     results, commands = {}, {}
-    for name, ckpt, flags in (("BF16", bf16, args.flags), ("MXFP8", mx, f"{args.flags} {args.mx_flags}")):
-        s = Server(name, str(ckpt), flags, args.port, out)
+    for name, ckpt, flags in variants:
+        s = Server(name.replace(" ", "_"), str(ckpt), flags, args.port, out)
         commands[name] = s.cmd
         try:
             s.wait(timeout=900)
@@ -102,21 +112,26 @@ def main():
         finally:
             s.stop()
 
-    b, m = results["BF16"], results["MXFP8"]
+    b = results["BF16"]
+    mx_names = [n for n in results if n != "BF16"]
     lines = [f"Qwen3-30B-A3B-shaped, {args.layers} layers, random weights; input {args.input_len}, output "
-             f"{args.output_len} tokens (ignore_eos); one server at a time, same run.", "",
-             "| concurrency | BF16 tok/s | MXFP8 tok/s | MXFP8 / BF16 |", "|---|---|---|---|"]
+             f"{args.output_len} tokens (ignore_eos); one server at a time, same run; output tok/s (ratio to BF16).",
+             "", "| concurrency | BF16 tok/s | " + " | ".join(f"{n} tok/s (ratio)" for n in mx_names) + " |",
+             "|---" * (2 + len(mx_names)) + "|"]
     for c in args.concurrency:
         k = f"c{c}"
-        lines.append(f"| {c} | {b[k]:.0f} | {m[k]:.0f} | {m[k] / b[k]:.2f}x |")
-    lines += ["", f"decode latency at batch 1: BF16 {b['decode_ms_per_token']:.2f} ms/token, MXFP8 "
-              f"{m['decode_ms_per_token']:.2f} ms/token ({b['decode_ms_per_token'] / m['decode_ms_per_token']:.2f}x speed)",
+        lines.append(f"| {c} | {b[k]:.0f} | " + " | ".join(f"{results[n][k]:.0f} ({results[n][k] / b[k]:.2f}x)"
+                                                          for n in mx_names) + " |")
+    ms = {n: r["decode_ms_per_token"] for n, r in results.items()}
+    lines += ["", "decode latency at batch 1, ms/token: BF16 " + f"{ms['BF16']:.2f}; " + "; ".join(
+        f"{n} {ms[n]:.2f} ({ms['BF16'] / ms[n]:.2f}x speed)" for n in mx_names),
               "", *[f"- {k}: `{v}`" for k, v in commands.items()]]
     table = "\n".join(lines)
     (out / "e2e.md").write_text(table + "\n")
     (out / "e2e.json").write_text(json.dumps({"results": results, "commands": commands, "args": vars(args)}, indent=1))
     print(table)
     plot_beside(out / "e2e.md", "Served output tok/s, MXFP8 / BF16 (same run)", target=1.4)
+
 
 if __name__ == "__main__":
     main()
