@@ -71,6 +71,7 @@ accuracy)
 kernels)
   python3 -m pytest -q tests/gpu 2>&1 | tee "$OUT/pytest_gpu.txt"
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense.md" --flashinfer 2>&1 | tail -30
+  python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_graph.md" --flashinfer --timer graph 2>&1 | tail -30
   ;;
 gsm8k)
   # the offline gsm8k benchmark against the real server (random tiny model: the pipeline, not accuracy)
@@ -93,7 +94,7 @@ stock)
 e2e)
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
     --mx "triton=--fp8-gemm-backend triton --moe-runner-backend triton" \
-    --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
+    --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" --profile-steps 16
   ;;
 moe)
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md"

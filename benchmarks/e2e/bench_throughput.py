@@ -15,9 +15,12 @@ time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
         --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
 
 Writes OUT/e2e.md (table, MXFP8/BF16 ratios measured in this run), OUT/e2e.json, OUT/e2e.png if matplotlib is there.
+With --profile-steps N: also where a batch-1 decode step spends its GPU time, per server (SGLang's
+/start_profile over N decode steps of a running request; kernels summed by name), in OUT/e2e.md.
 """
 
 import argparse
+import gzip
 import json
 import random
 import sys
@@ -75,6 +78,44 @@ def measure(port: int, args) -> dict:
     return result
 
 
+def profile_decode(port: int, steps: int, trace_dir: Path, rng=random.Random(1)) -> list:
+    """[(kernel, calls per step, us per step)] over ``steps`` batch-1 decode steps, then a total row."""
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    ids = [rng.randrange(1000, 150000) for _ in range(64)]
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(generate, port, ids, 8 * steps + 64)
+        time.sleep(0.5)
+        requests.post(f"http://127.0.0.1:{port}/start_profile", timeout=60, json={
+            "output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"]}).raise_for_status()
+        running.result()
+    for _ in range(60):  # the trace is written after the last profiled step
+        traces = sorted(trace_dir.glob("*.trace.json.gz"))
+        if traces:
+            break
+        time.sleep(1)
+    else:
+        raise RuntimeError(f"no trace in {trace_dir}")
+    time.sleep(2)
+    events = json.load(gzip.open(traces[-1]))["traceEvents"]
+    kernels = {}
+    for e in events:
+        if e.get("cat") == "kernel":
+            calls, us = kernels.get(e["name"], (0, 0.0))
+            kernels[e["name"]] = (calls + 1, us + e.get("dur", 0.0))
+    rows = sorted(((name, c / steps, us / steps) for name, (c, us) in kernels.items()), key=lambda r: -r[2])
+    return rows + [("all kernels", sum(r[1] for r in rows), sum(r[2] for r in rows))]
+
+
+def profile_tables(profiles: dict, top: int = 12) -> list:
+    lines = []
+    for name, rows in profiles.items():
+        lines += ["", f"GPU time of one batch-1 decode step, {name} (top {top} kernels by time):", "",
+                  "| kernel | calls/step | us/step |", "|---|---|---|"]
+        for kernel, calls, us in rows[:top] + rows[-1:]:
+            lines.append(f"| {kernel[:90]} | {calls:.1f} | {us:.1f} |")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -88,6 +129,7 @@ def main():
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--port", type=int, default=30600)
+    ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many batch-1 decode steps")
     args = ap.parse_args()
     out, work = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,7 +143,7 @@ def main():
     for spec in args.mx or ["triton=--fp8-gemm-backend triton --moe-runner-backend triton"]:
         name, flags = spec.split("=", 1)
         variants.append((f"MXFP8 {name}", mx, f"{args.flags} {flags}"))
-    results, commands = {}, {}
+    results, commands, profiles = {}, {}, {}
     for name, ckpt, flags in variants:
         s = Server(name.replace(" ", "_"), str(ckpt), flags, args.port, out)
         commands[name] = s.cmd
@@ -109,6 +151,9 @@ def main():
             s.wait(timeout=900)
             results[name] = measure(args.port, args)
             print(name, results[name], flush=True)
+            if args.profile_steps:
+                profiles[name] = profile_decode(args.port, args.profile_steps, work / "traces" / name.replace(" ", "_"))
+                print("\n".join(profile_tables({name: profiles[name]})), flush=True)
         finally:
             s.stop()
 
@@ -125,10 +170,11 @@ def main():
     ms = {n: r["decode_ms_per_token"] for n, r in results.items()}
     lines += ["", "decode latency at batch 1, ms/token: BF16 " + f"{ms['BF16']:.2f}; " + "; ".join(
         f"{n} {ms[n]:.2f} ({ms['BF16'] / ms[n]:.2f}x speed)" for n in mx_names),
-              "", *[f"- {k}: `{v}`" for k, v in commands.items()]]
+              "", *[f"- {k}: `{v}`" for k, v in commands.items()], *profile_tables(profiles)]
     table = "\n".join(lines)
     (out / "e2e.md").write_text(table + "\n")
-    (out / "e2e.json").write_text(json.dumps({"results": results, "commands": commands, "args": vars(args)}, indent=1))
+    (out / "e2e.json").write_text(json.dumps({"results": results, "commands": commands, "args": vars(args),
+                                                "profiles": profiles}, indent=1))
     print(table)
     plot_beside(out / "e2e.md", "Served output tok/s, MXFP8 / BF16 (same run)", target=1.4)
 

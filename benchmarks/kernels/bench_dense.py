@@ -1,10 +1,16 @@
 """Dense MXFP8 layer time per backend vs BF16 cuBLAS, measured in the same run (whole op: activation
 quantization + GEMM). Prints a markdown table and writes it to --out.
 
-    python benchmarks/kernels/bench_dense.py --out OUT/dense.md
+    python benchmarks/kernels/bench_dense.py --out OUT/dense.md [--flashinfer] [--timer graph]
+
+--timer eager: triton's do_bench (L2 flushed between calls; includes each launch's host cost when the
+GPU work is shorter, as in prefill and eager decode). --timer graph: GPU time per layer inside one CUDA
+graph that runs enough distinct copies of the layer to exceed the L2 cache, as SGLang's decode graphs
+run a model's layers one after another.
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -14,8 +20,10 @@ from triton.testing import do_bench
 from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.resolver import Choice
+from sglang_mxfp8.triton_hopper import w8a8_linear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpu_timer import graph_us  # noqa: E402
 from plot_speedup import plot_beside  # noqa: E402
 
 SHAPES = {  # name: (K, N)
@@ -24,7 +32,8 @@ SHAPES = {  # name: (K, N)
     "llama3-8b up 4096->14336": (4096, 14336),
     "llama3-8b down 14336->4096": (14336, 4096),
 }
-MS = [1, 16, 128, 1024, 8192]
+MS = [1, 16, 64, 128, 1024, 8192]
+WORKING_SET = 256 << 20  # bytes of weights per timed graph: several times the H200's 50 MB L2
 
 
 class Layer(torch.nn.Module):
@@ -41,30 +50,59 @@ def make(cls, n, k):
     return layer, be
 
 
+def variants(n, k, flashinfer: bool, copies: int):
+    """{label: [one callable per weight copy]}: BF16 first (the baseline), then the MXFP8 paths."""
+    w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    out = {"BF16 cuBLAS": [lambda x, w=w: torch.nn.functional.linear(x, w) for w in w16]}
+    tri = [make(HopperTritonDense, n, k) for _ in range(copies)]
+    out["triton (auto)"] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in tri]
+    for fused, label in ((False, "triton quant+gemm"), (True, "triton fused quant")):
+        out[label] = [lambda x, lb=lb, f=fused: w8a8_linear(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0],
+                                                              fused=f) for lb in tri]
+    if flashinfer:
+        fi = [make(HopperFlashInferDense, n, k) for _ in range(copies)]
+        out[HopperFlashInferDense.kernel] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in fi]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--flashinfer", action="store_true", help="also time fp8_blockscale_gemm_sm90 (JIT ~2 min first time)")
+    ap.add_argument("--timer", choices=["eager", "graph"], default="eager")
     args = ap.parse_args()
-    backends = [HopperTritonDense] + ([HopperFlashInferDense] if args.flashinfer else [])
     gpu = torch.cuda.get_device_name()
-    lines = [f"GPU: {gpu}; times are do_bench medians in microseconds; ratio = BF16 time / backend time (>1 is faster)", "",
-             "| shape | M | BF16 cuBLAS us | " + " | ".join(f"{b.kernel} us (ratio)" for b in backends) + " |",
-             "|---|---|---|" + "---|" * len(backends)]
+    how = ("do_bench medians" if args.timer == "eager" else
+           f"medians per layer inside one CUDA graph over distinct copies ({WORKING_SET >> 20} MiB of FP8 weights)")
+    lines, header = [f"GPU: {gpu}; {how}, microseconds; ratio = BF16 time / backend time (>1 is faster)", ""], None
     for name, (k, n) in SHAPES.items():
-        w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        made = [make(b, n, k) for b in backends]
+        copies = 1 if args.timer == "eager" else min(64, max(1, math.ceil(WORKING_SET / (n * k))))
+        fns = variants(n, k, args.flashinfer, copies)
+        if header is None:
+            labels = list(fns)[1:]
+            header = ["| shape | M | BF16 cuBLAS us | " + " | ".join(f"{b} us (ratio)" for b in labels) + " |",
+                      "|---|---|---|" + "---|" * len(labels)]
+            lines += header
         for m in MS:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            t16 = do_bench(lambda: torch.nn.functional.linear(x, w16), warmup=25, rep=100) * 1e3
-            cells = []
-            for layer, be in made:
-                t = do_bench(lambda: be.apply(layer, x), warmup=25, rep=100) * 1e3
-                cells.append(f"{t:.1f} ({t16 / t:.2f}x)")
-            lines.append(f"| {name} | {m} | {t16:.1f} | " + " | ".join(cells) + " |")
+            times = {}
+            for label, calls in fns.items():
+                try:
+                    if args.timer == "eager":
+                        times[label] = do_bench(lambda: calls[0](x), warmup=25, rep=100) * 1e3
+                    else:
+                        times[label] = graph_us([lambda f=f: f(x) for f in calls])
+                except RuntimeError as e:  # e.g. a kernel that cannot be captured in a CUDA graph
+                    print(f"{label} M={m}: {str(e).splitlines()[0]}", flush=True)
+                    times[label] = None
+            t16 = times.pop("BF16 cuBLAS")
+            lines.append(f"| {name} | {m} | {t16:.1f} | " + " | ".join(
+                f"{t:.1f} ({t16 / t:.2f}x)" if t else "n/a" for t in times.values()) + " |")
             print(lines[-1], flush=True)
+        del fns
+        torch.cuda.empty_cache()
     open(args.out, "w").write("\n".join(lines) + "\n")
-    plot_beside(args.out, "Dense MXFP8 layer (quantize + GEMM) vs BF16 cuBLAS, " + torch.cuda.get_device_name(), target=1.6)
+    plot_beside(args.out, f"Dense MXFP8 layer (quantize + GEMM) vs BF16 cuBLAS, {gpu}, {args.timer} timing", target=1.6)
 
 
 if __name__ == "__main__":
