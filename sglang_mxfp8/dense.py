@@ -44,12 +44,13 @@ class HopperTritonDense(DenseBackend):
     block_rows = 1
 
     def apply(self, layer, x, bias=None):
-        from .triton_hopper import w8a8_linear
+        from .triton_hopper import quantize_act_1x128, w8a8_gemm
 
         x2 = x.reshape(-1, x.shape[-1])
-        if x2.stride(-1) != 1:
+        if not x2.is_contiguous():
             x2 = x2.contiguous()
-        out = w8a8_linear(x2, layer.weight, layer.mxfp8_converter.block_scale[0], x.dtype, bias)
+        a_q, a_s = quantize_act_1x128(x2)
+        out = w8a8_gemm(a_q, a_s, layer.weight, layer.mxfp8_converter.block_scale[0], x.dtype, bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

@@ -5,10 +5,6 @@
 - ``w8a8_gemm``: C = (A * sa) @ (B * sb)^T with sa per (row, 128-K group) and sb per
   (weight row, 128-K group) (MXFP8 weights converted losslessly to 1x128 power-of-two scales).
   K need only be a multiple of 32: the last K tile is masked.
-- ``w8a8_linear``: the whole op from a BF16/FP16 activation. Up to FUSED_QUANT_MAX_M rows the GEMM
-  quantizes its A tiles itself (same arithmetic as ``quantize_act_1x128``, so the same bits), which
-  saves a launch and a round trip through memory when the weight read dominates; above it every
-  N tile would repeat the quantization, so the activation is quantized once in a separate pass.
 """
 
 from __future__ import annotations
@@ -62,7 +58,7 @@ def _w8a8_gemm_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr,
     M, N, K, KB,
     stride_am, stride_bn, stride_cm,
-    HAS_BIAS: tl.constexpr, QUANT_A: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -87,13 +83,8 @@ def _w8a8_gemm_kernel(
         k = kb * BLOCK_K + offs_k
         mk = k < K
         a = tl.load(a_rows + k[None, :], mask=mask_m[:, None] & mk[None, :], other=0.0)
-        if QUANT_A:  # as _quant_act_kernel: BLOCK_K == GROUP_K, one scale per row of the tile
-            a = a.to(tl.float32)
-            sa = tl.maximum(tl.max(tl.abs(a), axis=1) / 448.0, 1e-12)
-            a = tl.clamp(a / sa[:, None], -448.0, 448.0).to(tl.float8e4nv)
-        else:
-            sa = tl.load(sa_ptr + offs_m * KB + kb, mask=mask_m, other=0.0)
         b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        sa = tl.load(sa_ptr + offs_m * KB + kb, mask=mask_m, other=0.0)
         sb = tl.load(sb_ptr + offs_n * KB + kb, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
     if HAS_BIAS:
@@ -113,8 +104,7 @@ def _config(m: int):
 
 
 def w8a8_gemm(a_q, a_s, w, w_s, out_dtype=torch.bfloat16, bias=None):
-    """a_q [M, K] e4m3, a_s [M, KB] f32, w [N, K] e4m3, w_s [N, KB] f32 -> [M, N] out_dtype.
-    ``a_s`` None: a_q is the BF16/FP16 activation, quantized 1x128 inside the GEMM."""
+    """a_q [M, K] e4m3, a_s [M, KB] f32, w [N, K] e4m3, w_s [N, KB] f32 -> [M, N] out_dtype."""
     m, k = a_q.shape
     n = w.shape[0]
     kb = triton.cdiv(k, GROUP_K)
@@ -124,22 +114,8 @@ def w8a8_gemm(a_q, a_s, w, w_s, out_dtype=torch.bfloat16, bias=None):
     cfg = _config(m)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
     _w8a8_gemm_kernel[grid](
-        a_q, w, c, a_s if a_s is not None else w_s, w_s, bias if bias is not None else c,
+        a_q, w, c, a_s, w_s, bias if bias is not None else c,
         m, n, k, kb, a_q.stride(0), w.stride(0), c.stride(0),
-        HAS_BIAS=bias is not None, QUANT_A=a_s is None, **cfg,
+        HAS_BIAS=bias is not None, **cfg,
     )
     return c
-
-
-FUSED_QUANT_MAX_M = 64
-
-
-def w8a8_linear(x, w, w_s, out_dtype=torch.bfloat16, bias=None, fused: bool | None = None):
-    """x [M, K] bf16/fp16 (contiguous rows) -> x @ dequant(w)^T [M, N]; ``fused``: quantize inside the
-    GEMM (default: M <= FUSED_QUANT_MAX_M)."""
-    if fused is None:
-        fused = x.shape[0] <= FUSED_QUANT_MAX_M
-    if fused:
-        return w8a8_gemm(x, None, w, w_s, out_dtype, bias)
-    a_q, a_s = quantize_act_1x128(x)
-    return w8a8_gemm(a_q, a_s, w, w_s, out_dtype, bias)

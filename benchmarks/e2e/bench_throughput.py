@@ -83,7 +83,8 @@ def profile_decode(port: int, steps: int, trace_dir: Path, rng=random.Random(1))
     trace_dir.mkdir(parents=True, exist_ok=True)
     ids = [rng.randrange(1000, 150000) for _ in range(64)]
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(generate, port, ids, 8 * steps + 64)
+        # long enough to still be decoding when profiling starts (~2 ms per step here)
+        running = pool.submit(generate, port, ids, 2048)
         time.sleep(0.5)
         requests.post(f"http://127.0.0.1:{port}/start_profile", timeout=60, json={
             "output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"]}).raise_for_status()
@@ -127,7 +128,7 @@ def main():
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128])
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--decode-tokens", type=int, default=512)
     ap.add_argument("--port", type=int, default=30600)
     ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many batch-1 decode steps")
     args = ap.parse_args()

@@ -20,7 +20,6 @@ from triton.testing import do_bench
 from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.resolver import Choice
-from sglang_mxfp8.triton_hopper import w8a8_linear
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_timer import graph_us  # noqa: E402
@@ -55,10 +54,7 @@ def variants(n, k, flashinfer: bool, copies: int):
     w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     out = {"BF16 cuBLAS": [lambda x, w=w: torch.nn.functional.linear(x, w) for w in w16]}
     tri = [make(HopperTritonDense, n, k) for _ in range(copies)]
-    out["triton (auto)"] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in tri]
-    for fused, label in ((False, "triton quant+gemm"), (True, "triton fused quant")):
-        out[label] = [lambda x, lb=lb, f=fused: w8a8_linear(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0],
-                                                              fused=f) for lb in tri]
+    out[HopperTritonDense.kernel] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in tri]
     if flashinfer:
         fi = [make(HopperFlashInferDense, n, k) for _ in range(copies)]
         out[HopperFlashInferDense.kernel] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in fi]
