@@ -1,0 +1,32 @@
+"""The kernel-time summary that benchmarks/e2e/bench_throughput.py reads from SGLang's profiler trace."""
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+spec = importlib.util.spec_from_file_location("bench_throughput", ROOT / "benchmarks/e2e/bench_throughput.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_kernel_times_per_step_sorted_with_total(tmp_path):
+    events = [{"cat": "kernel", "name": "moe_gemm", "dur": 30.0}] * 8 + \
+             [{"cat": "kernel", "name": "act_quant", "dur": 2.5}] * 16 + \
+             [{"cat": "cpu_op", "name": "aten::mm", "dur": 500.0}, {"cat": "kernel", "name": "argmax", "dur": 4.0}]
+    trace = tmp_path / "t.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    rows = bench.kernel_times(trace, steps=4)
+    assert [r[0] for r in rows] == ["moe_gemm", "act_quant", "argmax", "all kernels"]
+    assert rows[0][1:] == (2.0, 60.0)
+    assert rows[1][1:] == (4.0, 10.0)
+    assert rows[-1][1] == pytest.approx(6.25) and rows[-1][2] == pytest.approx(71.0)
+    table = bench.profile_tables({"MXFP8": rows}, top=2)
+    assert "| moe_gemm | 2.0 | 60.0 |" in table and "| all kernels | 6.2 | 71.0 |" in table
+    assert not any("argmax" in line for line in table)
