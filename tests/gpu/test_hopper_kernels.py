@@ -85,4 +85,3 @@ def test_triton_bias_and_cuda_graph_replay_equal_eager():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(graphed, be.apply(layer, x, bias))
-
