@@ -9,6 +9,8 @@
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory; MoE tile sweep
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
+#   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
+#   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,6 +97,27 @@ e2e)
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
     --mx "triton=--fp8-gemm-backend triton --moe-runner-backend triton" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" --profile-steps 16
+  ;;
+tp-shards)
+  python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_tp2.md" --flashinfer --timer graph --tp 2 2>&1 | tail -30
+  python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe_tp2.md" --tp 2 2>&1 | grep "^|"
+  ;;
+tp2)
+  # small Qwen3-MoE whose shards stay whole 128-blocks at TP2 (intermediate 256 -> 128 per rank);
+  # MoE on Triton: flashinfer_cutlass is refused on SM90 (see the stock phase)
+  python3 - <<'PY'
+from sglang_mxfp8.tiny_model import write_qwen3_moe
+from sglang_mxfp8.convert import convert
+for name, seed in (("tp_a", 0), ("tp_b", 1)):
+    write_qwen3_moe(f"/tmp/{name}_bf16", seed=seed, moe_intermediate=256)
+    convert(f"/tmp/{name}_bf16", f"/tmp/{name}_mx", force=True, progress=False)
+PY
+  FL="--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
+  python3 benchmarks/e2e/serve_check.py --out "$OUT" \
+    --server tp1=/tmp/tp_a_mx:"$FL" \
+    --server tp2=/tmp/tp_a_mx:"$FL --tp 2" --refit tp2=/tmp/tp_a_mx,/tmp/tp_b_mx \
+    --server tp2_b=/tmp/tp_b_mx:"$FL --tp 2" \
+    --compare tp1,tp2 --compare tp2,tp2+refit_same --compare tp2_b,tp2+refit_other
   ;;
 moe)
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md"

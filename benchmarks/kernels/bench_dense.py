@@ -1,12 +1,13 @@
 """Dense MXFP8 layer time per backend vs BF16 cuBLAS, measured in the same run (whole op: activation
 quantization + GEMM). Prints a markdown table and writes it to --out.
 
-    python benchmarks/kernels/bench_dense.py --out OUT/dense.md [--flashinfer] [--timer graph]
+    python benchmarks/kernels/bench_dense.py --out OUT/dense.md [--flashinfer] [--timer graph] [--tp 2]
 
 --timer eager: triton's do_bench (L2 flushed between calls; includes each launch's host cost when the
 GPU work is shorter, as in prefill and eager decode). --timer graph: GPU time per layer inside one CUDA
 graph that runs enough distinct copies of the layer to exceed the L2 cache, as SGLang's decode graphs
-run a model's layers one after another.
+run a model's layers one after another. --tp T: each layer's shard on one rank (N / T for column-,
+K / T for row-parallel layers; the all-reduce is not timed).
 """
 
 import argparse
@@ -25,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_timer import graph_us  # noqa: E402
 from plot_speedup import plot_beside  # noqa: E402
 
-SHAPES = {  # name: (K, N)
-    "qwen3-30b-a3b qkv 2048->5120": (2048, 5120),
-    "qwen3-30b-a3b o 4096->2048": (4096, 2048),
-    "llama3-8b up 4096->14336": (4096, 14336),
-    "llama3-8b down 14336->4096": (14336, 4096),
+SHAPES = {  # name: (K, N, the dimension tensor parallelism splits: N for column-, K for row-parallel layers)
+    "qwen3-30b-a3b qkv 2048->5120": (2048, 5120, "N"),
+    "qwen3-30b-a3b o 4096->2048": (4096, 2048, "K"),
+    "llama3-8b up 4096->14336": (4096, 14336, "N"),
+    "llama3-8b down 14336->4096": (14336, 4096, "K"),
 }
 MS = [1, 16, 64, 128, 1024, 8192]
 WORKING_SET = 256 << 20  # bytes of weights per timed graph: several times the H200's 50 MB L2
@@ -66,12 +67,16 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--flashinfer", action="store_true", help="also time fp8_blockscale_gemm_sm90 (JIT ~2 min first time)")
     ap.add_argument("--timer", choices=["eager", "graph"], default="eager")
+    ap.add_argument("--tp", type=int, default=1, help="time one tensor-parallel rank's shard")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     how = ("do_bench medians" if args.timer == "eager" else
            f"medians per layer inside one CUDA graph over distinct copies ({WORKING_SET >> 20} MiB of FP8 weights)")
-    lines, header = [f"GPU: {gpu}; {how}, microseconds; ratio = BF16 time / backend time (>1 is faster)", ""], None
-    for name, (k, n) in SHAPES.items():
+    tp = f"; one rank's shard at TP{args.tp}" if args.tp > 1 else ""
+    lines, header = [f"GPU: {gpu}; {how}, microseconds{tp}; ratio = BF16 time / backend time (>1 is faster)", ""], None
+    for name, (k, n, split) in SHAPES.items():
+        k, n = (k // args.tp, n) if split == "K" else (k, n // args.tp)
+        name = name if args.tp == 1 else f"{name.rsplit(' ', 1)[0]} {k}->{n}"
         copies = 1 if args.timer == "eager" else min(64, max(1, math.ceil(WORKING_SET / (n * k))))
         fns = variants(n, k, args.flashinfer, copies)
         if header is None:

@@ -3,11 +3,12 @@ weights) vs SGLang's BF16 Triton fused MoE in the same run, plus accuracy and we
 
 Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8.
 
-    python benchmarks/kernels/bench_moe.py --out OUT/moe.md
+    python benchmarks/kernels/bench_moe.py --out OUT/moe.md [--tp 2]
 
 Two timings: do_bench (eager: each call's host launch cost included when the GPU work is shorter) and
 GPU time inside a CUDA graph (as SGLang's decode graphs run it; the 0.6-1.2 GB of expert weights
-exceed the L2 cache, so one layer is enough).
+exceed the L2 cache, so one layer is enough). --tp T: one tensor-parallel rank's shard (intermediate
+size I / T per expert; the all-reduce is not timed).
 """
 
 import argparse
@@ -39,25 +40,28 @@ def routing(m, gen):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--tp", type=int, default=1, help="time one tensor-parallel rank's shard")
     args = ap.parse_args()
+    inter = I // args.tp
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
     gen = torch.Generator(device="cuda").manual_seed(0)
-    w13_16 = (torch.randn(E, 2 * I, H, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-    w2_16 = (torch.randn(E, H, I, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    w13_16 = (torch.randn(E, 2 * inter, H, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    w2_16 = (torch.randn(E, H, inter, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
 
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     q13, s13 = quantize_mxfp8(w13_16)
     q2, s2 = quantize_mxfp8(w2_16)
-    c13 = BlockScaleConverter(E, 2 * I, H, 128, "cuda", "w13")
-    c2 = BlockScaleConverter(E, H, I, 128, "cuda", "w2")
+    c13 = BlockScaleConverter(E, 2 * inter, H, 128, "cuda", "w13")
+    c2 = BlockScaleConverter(E, H, inter, 128, "cuda", "w2")
     torch.cuda.synchronize()
     mx_bytes = torch.cuda.memory_allocated() - base  # weights + checkpoint scales + all derived buffers
     bf16_bytes = (w13_16.numel() + w2_16.numel()) * 2
     c13.refresh(q13, s13)
     c2.refresh(q2, s2)
 
-    lines = [f"GPU: {torch.cuda.get_device_name()}; E={E} H={H} I={I} top-{TOPK}; do_bench medians (us)",
+    tp = f" (one rank's shard at TP{args.tp})" if args.tp > 1 else ""
+    lines = [f"GPU: {torch.cuda.get_device_name()}; E={E} H={H} I={inter}{tp} top-{TOPK}; do_bench medians and GPU time in a CUDA graph (us)",
              f"weight memory MXFP8 (fp8 + uint8 scales + converted scales + refit fingerprints) / BF16: "
              f"{mx_bytes / 2**20:.1f} MiB / {bf16_bytes / 2**20:.1f} MiB = {mx_bytes / bf16_bytes:.3f}x", "",
              "| tokens | BF16 us | MXFP8 us | speedup | BF16 graph us | MXFP8 graph us | graph speedup | rel. error vs BF16 |",
