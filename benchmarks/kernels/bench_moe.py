@@ -37,17 +37,11 @@ def routing(m, gen):
     return (w / w.sum(-1, keepdim=True)).float(), ids.int()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--tp", type=int, default=1, help="time one tensor-parallel rank's shard")
-    args = ap.parse_args()
-    inter = I // args.tp
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
-    gen = torch.Generator(device="cuda").manual_seed(0)
+def experts(inter: int, gen):
+    """Random BF16 experts and their MXFP8 form on our Hopper path (converted 128x128 block scales):
+    (w13, w2, w13 e4m3, w2 e4m3, w13 converter, w2 converter, MXFP8 bytes incl. every derived buffer)."""
     w13_16 = (torch.randn(E, 2 * inter, H, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
     w2_16 = (torch.randn(E, H, inter, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     q13, s13 = quantize_mxfp8(w13_16)
@@ -56,9 +50,21 @@ def main():
     c2 = BlockScaleConverter(E, H, inter, 128, "cuda", "w2")
     torch.cuda.synchronize()
     mx_bytes = torch.cuda.memory_allocated() - base  # weights + checkpoint scales + all derived buffers
-    bf16_bytes = (w13_16.numel() + w2_16.numel()) * 2
     c13.refresh(q13, s13)
     c2.refresh(q2, s2)
+    return w13_16, w2_16, q13, q2, c13, c2, mx_bytes
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tp", type=int, default=1, help="time one tensor-parallel rank's shard")
+    args = ap.parse_args()
+    inter = I // args.tp
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13_16, w2_16, q13, q2, c13, c2, mx_bytes = experts(inter, gen)
+    bf16_bytes = (w13_16.numel() + w2_16.numel()) * 2
 
     tp = f" (one rank's shard at TP{args.tp})" if args.tp > 1 else ""
     lines = [f"GPU: {torch.cuda.get_device_name()}; E={E} H={H} I={inter}{tp} top-{TOPK}; do_bench medians and GPU time in a CUDA graph (us)",

@@ -20,10 +20,7 @@ from sglang.srt.layers.moe.fused_moe_triton import get_config_file_name, overrid
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.refit import BlockScaleConverter
-
-from bench_moe import E, H, I, TOPK, routing  # this folder: the same layer as the MoE benchmark
+from bench_moe import E, H, I, TOPK, experts, routing  # this folder: the same layer as the MoE benchmark
 from gpu_timer import graph_us
 
 
@@ -49,14 +46,7 @@ def main():
     args = ap.parse_args()
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
     gen = torch.Generator(device="cuda").manual_seed(0)
-    w13_16 = (torch.randn(E, 2 * I, H, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-    w2_16 = (torch.randn(E, H, I, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-    q13, s13 = quantize_mxfp8(w13_16)
-    q2, s2 = quantize_mxfp8(w2_16)
-    c13 = BlockScaleConverter(E, 2 * I, H, 128, "cuda", "w13")
-    c2 = BlockScaleConverter(E, H, I, 128, "cuda", "w2")
-    c13.refresh(q13, s13)
-    c2.refresh(q2, s2)
+    w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
 
     lines = [f"GPU: {torch.cuda.get_device_name()}; E={E} H={H} I={I} top-{TOPK}; GPU time inside a CUDA graph (us); "
              "ratio = BF16 / MXFP8", "",
