@@ -20,6 +20,12 @@ BASE_FLAGS = (
 PROMPTS = [[1, 17 + i, 300 + 7 * i, 42, 999 - i, 5, 77 + 3 * i, 512] for i in range(8)]
 
 
+def divergence(seq: dict, ref: dict) -> tuple:
+    """(first position where the greedy tokens differ, or None; max logprob difference before it)."""
+    n = next((i for i, (p, q) in enumerate(zip(seq["ids"], ref["ids"])) if p != q), None)
+    return n, max([0.0] + [abs(p - q) for p, q in zip(seq["logprobs"][:n], ref["logprobs"][:n])])
+
+
 class Server:
     def __init__(self, name, ckpt, flags, port, log_dir, text=False):
         """``text``: load the checkpoint's tokenizer (default: input_ids only, --skip-tokenizer-init)."""

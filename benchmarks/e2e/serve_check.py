@@ -16,12 +16,13 @@ import json
 import time
 from pathlib import Path
 
-from sglang_mxfp8.serving import Server
+from sglang_mxfp8.serving import Server, divergence
 
 def compare(a, b):
     same = sum(x["ids"] == y["ids"] for x, y in zip(a, b))
-    first = [next((i for i, (p, q) in enumerate(zip(x["ids"], y["ids"])) if p != q), len(x["ids"])) for x, y in zip(a, b)]
-    diffs = [abs(p - q) for x, y, f in zip(a, b, first) for p, q in zip(x["logprobs"][:f], y["logprobs"][:f])]
+    div = [divergence(x, y) for x, y in zip(a, b)]
+    first = [len(x["ids"]) if n is None else n for x, (n, _) in zip(a, div)]
+    diffs = [d for f, (_, d) in zip(first, div) if f]
     return {"identical_sequences": f"{same}/{len(a)}", "max_logprob_diff_before_divergence": max(diffs) if diffs else None,
             "mean_first_divergence": sum(first) / len(first)}
 

@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from sglang_mxfp8.convert import convert
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.serving import Server
+from sglang_mxfp8.serving import divergence as first_divergence
 from sglang_mxfp8.tiny_model import write_qwen3_moe
 
 FLAGS = "--fp8-gemm-backend triton --moe-runner-backend triton"
@@ -154,8 +155,7 @@ def update_from_tensor(s: Server, ckpt: Path):
 
 def divergence(seq, ref) -> tuple:
     """(first differing position or None, the reference's top-two margin there, max logprob diff before)."""
-    n = next((i for i, (p, q) in enumerate(zip(seq["ids"], ref["ids"])) if p != q), None)
-    diff = max([0.0] + [abs(p - q) for p, q in zip(seq["logprobs"][:n], ref["logprobs"][:n])])
+    n, diff = first_divergence(seq, ref)
     return n, None if n is None else round(ref["margins"][n], 4), round(diff, 4)
 
 
