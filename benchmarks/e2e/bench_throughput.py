@@ -6,8 +6,10 @@ is served by the stock launcher with the same flags except the quantization ones
 time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
 
 - throughput at each --concurrency: 2 x concurrency requests (at least 8) with that many in flight,
-  output tokens / wall time, after an untimed round at the same concurrency (SGLang's Triton MoE
-  compiles a kernel for each new batch-size bucket on first use);
+  output tokens / wall time, median of --repeats rounds (all kept in e2e.json), after an untimed round
+  at the same concurrency. Triton kernels (SGLang's MoE, our GEMM) and FlashInfer's SM90 GEMM compile
+  on first use of a new tile config or integer specialisation, which a mixed prefill batch can hit
+  late: one such stall is 1-3 s, so a single timed round can be off by several times;
 - decode latency at batch 1: (time of a request with 1 + D new tokens - time with 1) / D.
 
     python benchmarks/e2e/bench_throughput.py --out OUT \
@@ -23,6 +25,7 @@ import argparse
 import gzip
 import json
 import random
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -60,11 +63,15 @@ def measure(port: int, args) -> dict:
     for c in args.concurrency:
         with ThreadPoolExecutor(c) as pool:  # warm-up round, untimed
             list(pool.map(lambda p: generate(port, p, 32), [prompt() for _ in range(c)]))
-        prompts = [prompt() for _ in range(max(8, 2 * c))]
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(c) as pool:
-            tokens = sum(pool.map(lambda p: generate(port, p, args.output_len), prompts))
-        result[f"c{c}"] = tokens / (time.perf_counter() - t0)
+        rates = []
+        for _ in range(args.repeats):
+            prompts = [prompt() for _ in range(max(8, 2 * c))]
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(c) as pool:
+                tokens = sum(pool.map(lambda p: generate(port, p, args.output_len), prompts))
+            rates.append(tokens / (time.perf_counter() - t0))
+        result[f"c{c}"] = statistics.median(rates)
+        result[f"c{c}_runs"] = rates
     p = prompt()
     times = {}
     for n in (1, 1 + args.decode_tokens):
@@ -132,6 +139,7 @@ def main():
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128])
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds per concurrency (median reported)")
     ap.add_argument("--decode-tokens", type=int, default=512)
     ap.add_argument("--port", type=int, default=30600)
     ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many batch-1 decode steps")
