@@ -22,6 +22,12 @@ Patches:
   loading, so its rollback after a failed load re-reads the *bad* checkpoint, fails again and takes the
   scheduler down. The patch rolls back to the checkpoint that was being served and answers
   ``success: false`` with the error naming the tensor.
+- ``moe_config.tuned``: SGLang 0.5.10.post1 ships no Triton fused-MoE tile configs for the Triton it
+  runs with (3.6) and falls back to configs tuned for Triton 3.2. Where this package ships a config
+  measured on the GPU for the running Triton (``sglang_mxfp8/moe_configs/``, made by
+  ``benchmarks/kernels/tune_moe.py``), it is used instead; a config SGLang ships for the running
+  Triton, ``SGLANG_MOE_CONFIG_DIR``, deterministic inference and launches that are not MXFP8 keep
+  SGLang's choice.
 - ``model_runner.tensor_update_postprocess``: SGLang 0.5.10.post1 runs no post-load processing after
   ``update_weights_from_tensor`` / ``update_weights_from_distributed`` (RL weight sync), so kernel
   layouts would go stale. Those calls mark the model; the next ``ModelRunner.forward`` (before any
@@ -34,9 +40,10 @@ import functools
 import inspect
 import json
 import logging
+import os
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from . import SUPPORTED_SGLANG, checkpoint, resolver
 
@@ -148,6 +155,48 @@ def patch_server_args() -> None:
         return _handle_moe_kernel_config
 
     _replace(cls, "_handle_moe_kernel_config", "server_args.moe_kernel_config", make)
+
+
+# ---- fused MoE tile configs --------------------------------------------------------------------
+
+TUNED_MOE_CONFIGS = Path(__file__).parent / "moe_configs"
+
+
+def tuned_moe_config(file_name: str, triton_version: str, sglang_config_dir: str) -> Optional[Path]:
+    """Our measured config for SGLang's config ``file_name``, unless SGLang has one for this Triton."""
+    version_dir = f"triton_{triton_version.replace('.', '_')}"
+    ours = TUNED_MOE_CONFIGS / version_dir / file_name
+    if not ours.is_file() or os.path.exists(os.path.join(sglang_config_dir, "configs", version_dir, file_name)):
+        return None
+    return ours
+
+
+def with_tuned_moe_configs(original, moe_config: ModuleType):
+    """SGLang's ``get_moe_configs`` (of module ``moe_config``), answering from our configs where they apply."""
+
+    @functools.lru_cache
+    @functools.wraps(original)
+    def get_moe_configs(E, N, dtype, block_n=0, block_k=0, per_channel_quant=False, down_moe=False):
+        args = moe_config.get_global_server_args()
+        if ("SGLANG_MOE_CONFIG_DIR" not in os.environ and not args.enable_deterministic_inference
+                and is_mxfp8_launch(args)):
+            name = moe_config.get_config_file_name(E, N, dtype, [block_n, block_k], per_channel_quant,
+                                                   down_moe=down_moe)
+            version = moe_config.triton.__version__
+            ours = tuned_moe_config(name, version, os.path.dirname(os.path.realpath(moe_config.__file__)))
+            if ours is not None:
+                logger.info("Using MoE kernel config from %s (measured with Triton %s)", ours, version)
+                return {int(m): cfg for m, cfg in json.loads(ours.read_text()).items()}
+        return original(E, N, dtype, block_n, block_k, per_channel_quant, down_moe)
+
+    return get_moe_configs
+
+
+def patch_moe_configs() -> None:
+    from sglang.srt.layers.moe.fused_moe_triton import fused_moe_triton_config as moe_config
+
+    _replace(moe_config, "get_moe_configs", "moe_config.tuned",
+             lambda original: with_tuned_moe_configs(original, moe_config))
 
 
 # ---- model config ------------------------------------------------------------------------------
@@ -354,4 +403,5 @@ def register() -> None:
     patch_model_config()
     patch_quantization()
     patch_loader()
+    patch_moe_configs()
     patch_model_runner()

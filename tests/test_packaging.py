@@ -1,4 +1,5 @@
-"""The startup hook ships at the top of site-packages in a wheel (editable installs are used by CI itself)."""
+"""The startup hook ships at the top of site-packages in a wheel, the tuned MoE configs inside the package
+(editable installs are used by CI itself)."""
 
 import subprocess
 import sys
@@ -17,6 +18,8 @@ def test_wheel_carries_startup_hook_and_entry_points(tmp_path):
         assert "sglang_mxfp8.pth" in names
         assert z.read("sglang_mxfp8.pth").decode() == (ROOT / "sglang_mxfp8/startup/sglang_mxfp8.pth").read_text()
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+        shipped = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "sglang_mxfp8/moe_configs").glob("*/*.json"))
+        assert shipped and all(n in names for n in shipped), (shipped, names)
     assert "sglang-mxfp8 = sglang_mxfp8.cli:main" in entry_points
     assert "[sglang.srt.plugins]" in entry_points and "mxfp8 = sglang_mxfp8.plugin:register" in entry_points
 

@@ -4,8 +4,10 @@ the Qwen3-30B-A3B MoE shape (128 experts, hidden 2048, intermediate 768, top-8).
 SGLang 0.5.10.post1 ships no H200 config for the Triton it runs with (3.6) and falls back to one
 tuned for Triton 3.2. Per token count this times, inside a CUDA graph (as decode runs it), SGLang's
 BF16 MoE, the block-FP8 MoE with the config SGLang picks, and with each config of a grid (one config
-for both GEMMs, via SGLang's ``override_config``). Writes the table to --out and the best configs,
-in SGLang's config-file format, beside it.
+for both GEMMs, via SGLang's ``override_config``). Writes the table to --out and, beside it,
+tuned_moe_config.json: SGLang's config in effect with each measured token count whose best config
+beats it by at least 3% replaced. sglang_mxfp8 ships that file as
+sglang_mxfp8/moe_configs/triton_<version>/<the SGLang file name this prints>.
 
     python benchmarks/kernels/tune_moe.py --out OUT/tune_moe.md [--tokens 1 16 64 256 4096]
 """
@@ -16,7 +18,9 @@ import json
 from pathlib import Path
 
 import torch
+import triton
 from sglang.srt.layers.moe.fused_moe_triton import get_config_file_name, override_config
+from sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config import get_moe_configs
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
@@ -52,7 +56,8 @@ def main():
              "ratio = BF16 / MXFP8", "",
              "| tokens | BF16 us | MXFP8, SGLang's config us (ratio) | MXFP8, best of sweep us (ratio) | best config | configs tried |",
              "|---|---|---|---|---|---|"]
-    best_configs = {}
+    name = get_config_file_name(E, I, "fp8_w8a8", [128, 128])
+    tuned = {str(m): cfg for m, cfg in (get_moe_configs(E, I, "fp8_w8a8", 128, 128) or {}).items()}
     for m in args.tokens:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
         tw, ids = routing(m, gen)
@@ -77,15 +82,17 @@ def main():
             assert ((out - ref).norm() / ref.norm()).item() < 1e-2, label(cfg)  # same math, other tiling
             best = min(best, (t, cfg), key=lambda b: b[0])
         t, cfg = best
-        best_configs[m] = cfg
+        if t < 0.97 * shipped:
+            tuned[str(m)] = cfg
         lines.append(f"| {m} | {t16:.1f} | {shipped:.1f} ({t16 / shipped:.2f}x) | {t:.1f} ({t16 / t:.2f}x) | "
                      f"{label(cfg)} | {tried} |")
         print(lines[-1], flush=True)
     out = Path(args.out)
     out.write_text("\n".join(lines) + "\n")
-    name = get_config_file_name(E, I, "fp8_w8a8", [128, 128])
-    (out.parent / name).write_text(json.dumps({str(m): c for m, c in best_configs.items()}, indent=1))
-    print("best configs:", out.parent / name)
+    tuned = dict(sorted(tuned.items(), key=lambda kv: int(kv[0])))
+    (out.parent / "tuned_moe_config.json").write_text(json.dumps(tuned, indent=1) + "\n")
+    print(f"tuned configs: {out.parent / 'tuned_moe_config.json'} (ship as moe_configs/triton_"
+          f"{triton.__version__.replace('.', '_')}/{name})")
 
 
 if __name__ == "__main__":

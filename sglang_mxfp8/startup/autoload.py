@@ -18,6 +18,7 @@ WATCHED = {
     "sglang.srt.configs.model_config": "patch_model_config",
     "sglang.srt.layers.quantization": "patch_quantization",
     "sglang.srt.model_loader.loader": "patch_loader",
+    "sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config": "patch_moe_configs",
     "sglang.srt.model_executor.model_runner": "patch_model_runner",
 }
 
