@@ -5,6 +5,9 @@
 - ``w8a8_gemm``: C = (A * sa) @ (B * sb)^T with sa per (row, 128-K group) and sb per
   (weight row, 128-K group) (MXFP8 weights converted losslessly to 1x128 power-of-two scales).
   K need only be a multiple of 32: the last K tile is masked.
+- ``w8a16_gemm``: C = X @ (B * sb)^T with X in BF16 as given (weight-only FP8, for small M). The
+  weight is dequantized in registers: e4m3 times a power-of-two scale is exact in BF16, so one BF16
+  tensor-core dot accumulates in float32 over all of K, with no activation quantization launch.
 """
 
 from __future__ import annotations
@@ -117,5 +120,67 @@ def w8a8_gemm(a_q, a_s, w, w_s, out_dtype=torch.bfloat16, bias=None):
         a_q, w, c, a_s, w_s, bias if bias is not None else c,
         m, n, k, kb, a_q.stride(0), w.stride(0), c.stride(0),
         HAS_BIAS=bias is not None, **cfg,
+    )
+    return c
+
+
+@triton.jit
+def _w8a16_gemm_kernel(
+    x_ptr, b_ptr, c_ptr, sb_ptr, bias_ptr,
+    M, N, K, KB,
+    stride_xm, stride_bn, stride_cm,
+    SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    b_rows = b_ptr + offs_n[None, :] * stride_bn
+    s_rows = sb_ptr + (offs_n // SCALE_ROWS) * KB
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, KB):
+        k = kb * BLOCK_K + offs_k
+        mk = k < K
+        x = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & mk[None, :], other=0.0)
+        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
+        acc = tl.dot(x, (b.to(tl.float32) * sb[None, :]).to(x.dtype), acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    c = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def w8a16_config(m: int) -> dict:
+    """Untuned starting point (narrow N tiles so a 2048-wide layer still spreads over the SMs);
+    benchmarks/kernels/sweep_triton.py --kernel w8a16 measures the alternatives."""
+    return dict(BLOCK_M=min(64, max(16, triton.next_power_of_2(m))), BLOCK_N=32, num_warps=4, num_stages=4)
+
+
+def w8a16_gemm(x, w, w_s, scale_rows: int = 1, bias=None, config: dict | None = None):
+    """x [M, K] bf16, w [N, K] e4m3, w_s [ceil(N / scale_rows), KB] f32 powers of two -> [M, N] bf16."""
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"w8a16_gemm needs a bfloat16 activation (got {x.dtype}): e4m3 x 2^k is exact in bf16 only")
+    return _w8a16(x, w, w_s, scale_rows, bias, config)
+
+
+def _w8a16(x, w, w_s, scale_rows, bias, config):
+    """The launch, for any float activation dtype (Triton's CPU interpreter runs no bf16 dot)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    n = w.shape[0]
+    c = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return c
+    cfg = config or w8a16_config(m)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
+    _w8a16_gemm_kernel[grid](
+        x, w, c, w_s, bias if bias is not None else c,
+        m, n, k, triton.cdiv(k, GROUP_K), x.stride(0), w.stride(0), c.stride(0),
+        SCALE_ROWS=scale_rows, HAS_BIAS=bias is not None, BLOCK_K=GROUP_K, **cfg,
     )
     return c

@@ -1,9 +1,11 @@
-"""Tile-config sweep of our Hopper Triton W8A8 GEMM, with activation quantization timed alone.
+"""Tile-config sweeps of our Hopper Triton GEMMs.
 
-Prints, per (shape, M), BF16 cuBLAS time, the quantizer's time, the default config's GEMM time and
-the best config found, and writes the table to --out (input for tuned per-shape configs).
+--kernel w8a8 (default): per (shape, M), BF16 cuBLAS time, the quantizer's time, the default config's
+GEMM time and the best config found (do_bench). --kernel w8a16: the weight-only GEMM at small M, GPU
+time inside a CUDA graph over distinct weight copies, against BF16 cuBLAS and our W8A8 whole op.
+Writes the table to --out (input for tuned per-shape configs).
 
-    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md
+    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md [--kernel w8a16]
 """
 
 import argparse
@@ -15,6 +17,9 @@ from triton.testing import do_bench
 
 from sglang_mxfp8 import triton_hopper as th
 from sglang_mxfp8.numerics import convert_to_block_scales, quantize_mxfp8
+
+from bench_dense import WORKING_SET  # this folder
+from gpu_timer import graph_us
 
 SHAPES = {"2048->5120": (2048, 5120), "4096->14336": (4096, 14336)}
 MS = [1, 16, 128, 1024, 8192]
@@ -33,10 +38,61 @@ def gemm(a_q, a_s, w, w_s, cfg):
     return c
 
 
+W8A16_SHAPES = {"2048->5120": (2048, 5120), "4096->2048": (4096, 2048), "4096->14336": (4096, 14336),
+                "14336->4096": (14336, 4096)}
+W8A16_MS = [1, 16, 64, 128]
+W8A16_GRID = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
+              for bm, bn, w, st in itertools.product((16, 32, 64), (16, 32, 64, 128), (2, 4), (3, 5))]
+
+
+def sweep_w8a16(out):
+    """Weight-only GEMM tiles, GPU time in a CUDA graph over distinct weight copies (HBM, not L2)."""
+    lines = [f"GPU: {torch.cuda.get_device_name()}; GPU time per call inside one CUDA graph over "
+             f"{WORKING_SET >> 20} MiB of distinct weights, microseconds; whole op for W8A8 (quantize + GEMM)", "",
+             "| K->N | M | BF16 | W8A8 (ours, default) | W8A16 default cfg | W8A16 best cfg | best cfg | "
+             "best vs BF16 | configs tried |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, (k, n) in W8A16_SHAPES.items():
+        copies = max(1, min(64, WORKING_SET // (n * k)))
+        ws = []
+        for _ in range(copies):
+            q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
+            ws.append((q, convert_to_block_scales(q, s, 1)[0]))
+        w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        for m in W8A16_MS:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
+            t88 = graph_us([lambda w=w: th.w8a8_gemm(*th.quantize_act_1x128(x), *w) for w in ws])
+            tdef = graph_us([lambda w=w: th.w8a16_gemm(x, *w) for w in ws])
+            ref = th.w8a16_gemm(x, *ws[0]).float()
+            best, tried = (float("inf"), None), 0
+            for cfg in W8A16_GRID:
+                if cfg["BLOCK_M"] > max(16, triton.next_power_of_2(m)):
+                    continue
+                try:
+                    got = th.w8a16_gemm(x, *ws[0], config=cfg).float()
+                    t = graph_us([lambda w=w: th.w8a16_gemm(x, *w, config=cfg) for w in ws], reps=10)
+                except Exception:  # noqa: BLE001 - out of shared memory etc.
+                    continue
+                assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg  # same math, other tiling
+                tried += 1
+                best = min(best, (t, cfg), key=lambda b: b[0])
+            t, cfg = best
+            short = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            lines.append(f"| {name} | {m} | {t16:.1f} | {t88:.1f} | {tdef:.1f} | {t:.1f} | {short} | "
+                         f"{t16 / t:.2f}x | {tried} |")
+            print(lines[-1], flush=True)
+        del ws, w16
+        torch.cuda.empty_cache()
+    open(out, "w").write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--kernel", choices=["w8a8", "w8a16"], default="w8a8")
     args = ap.parse_args()
+    if args.kernel == "w8a16":
+        return sweep_w8a16(args.out)
     lines = [f"GPU: {torch.cuda.get_device_name()}; do_bench medians, microseconds", "",
              "| K->N | M | BF16 | act quant (default rows) | act quant rows 1 / 4 / 16 / 32 | GEMM default cfg | "
              "GEMM best cfg | best cfg | best whole op vs BF16 |",

@@ -85,3 +85,24 @@ def test_triton_bias_and_cuda_graph_replay_equal_eager():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(graphed, be.apply(layer, x, bias))
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 64])
+@pytest.mark.parametrize("backend_cls,n,k", [(HopperTritonDense, n, k) for n, k in SHAPES]
+                         + [(HopperFlashInferDense, n, k) for n, k in SHAPES])
+def test_weight_only_gemm_matches_reference(m, backend_cls, n, k):
+    """Weight-only FP8 on either backend's converted scales: BF16 activation as given, no quantization."""
+    from sglang_mxfp8.triton_hopper import w8a16_gemm
+
+    layer, be = _layer(backend_cls, n, k)  # FlashInfer's 128x128 layout is only converted, not run, here
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    if m > 1:
+        x[-1, 3] = float("nan")
+    out = w8a16_gemm(x, layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows).float()
+    w = dequantize_block_fp8(layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows)
+    finite = 1 if m == 1 else m - 1
+    ref = x[:finite].float() @ w.t()
+    rel = ((out[:finite] - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(out[:finite]).all() and rel < 5e-3, rel  # bf16 output rounding only
+    if m > 1:
+        assert out[-1].isnan().all()  # a NaN activation row stays in its row
