@@ -8,7 +8,7 @@
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory; MoE tile sweep
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
-#   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 GEMM for small M: GPU tests, tile sweep, dense table
+#   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 dense and MoE kernels for small M: GPU tests, dense tile sweep
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
@@ -127,8 +127,7 @@ moe)
 w8a16)
   python3 -m pytest -q tests/gpu -k weight_only 2>&1 | tail -3
   (cd benchmarks/kernels && python3 sweep_triton.py --kernel w8a16 --out "$OUT/sweep_w8a16.md")
-  python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_graph.md" --flashinfer --timer graph 2>&1 | grep "^|"
-  ;;
+  ;;  # the kernels and moe phases' tables carry the weight-only columns
 tune)
   python3 benchmarks/kernels/sweep_triton.py --out "$OUT/sweep.md"
   sglang-mxfp8 demo --workdir /tmp/demo 2>&1 | tee "$OUT/demo.txt"

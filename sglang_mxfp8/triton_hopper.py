@@ -8,6 +8,8 @@
 - ``w8a16_gemm``: C = X @ (B * sb)^T with X in BF16 as given (weight-only FP8, for small M). The
   weight is dequantized in registers: e4m3 times a power-of-two scale is exact in BF16, so one BF16
   tensor-core dot accumulates in float32 over all of K, with no activation quantization launch.
+- ``moe_w8a16``: the same weight-only product for a fused MoE layer (SGLang's sorted-token layout,
+  128x128 expert block scales), for decode batches where the MoE is launch-bound.
 """
 
 from __future__ import annotations
@@ -184,3 +186,81 @@ def _w8a16(x, w, w_s, scale_rows, bias, config):
         SCALE_ROWS=scale_rows, HAS_BIAS=bias is not None, BLOCK_K=GROUP_K, **cfg,
     )
     return c
+
+
+@triton.jit
+def _moe_w8a16_kernel(
+    a_ptr, b_ptr, c_ptr, sb_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, padded_ptr,
+    N, K, KB, num_valid,
+    stride_am, stride_be, stride_bn, stride_cm, stride_se, stride_sn,
+    A_ROW_DIV: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """C[id] = A[id // A_ROW_DIV] @ W[expert]^T for the BLOCK_M sorted (token, slot) ids of one expert."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(padded_ptr):
+        return
+    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = ids < num_valid
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    a_rows = a_ptr + (ids // A_ROW_DIV)[:, None] * stride_am
+    b_rows = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn
+    s_rows = sb_ptr + expert * stride_se + (offs_n // 128) * stride_sn  # 128x128 blocks
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, KB):
+        k = kb * BLOCK_K + offs_k
+        mk = k < K
+        a = tl.load(a_rows + k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
+        acc = tl.dot(a, (b.to(tl.float32) * sb[None, :]).to(a.dtype), acc)
+    if MUL_ROUTED_WEIGHT:
+        acc *= tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
+    c = c_ptr + ids[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+def _moe_gemm(a, w, w_s, out, sorted_ids, expert_ids, padded, topk_weights, a_row_div, config):
+    n, k = w.shape[1], w.shape[2]
+    grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(sorted_ids.numel(), config["BLOCK_M"]))
+    _moe_w8a16_kernel[grid](
+        a, w, out, w_s, topk_weights, sorted_ids, expert_ids, padded,
+        n, k, triton.cdiv(k, GROUP_K), out.shape[0],
+        a.stride(0), w.stride(0), w.stride(1), out.stride(0), w_s.stride(0), w_s.stride(1),
+        A_ROW_DIV=a_row_div, MUL_ROUTED_WEIGHT=a_row_div == 1, BLOCK_K=GROUP_K, **config,
+    )
+
+
+def moe_w8a16_config(m: int) -> dict:
+    """Untuned starting point: one 16-row tile per expert in decode; measured by bench_moe.py."""
+    return dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
+
+
+def moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=None, silu_and_mul=None):
+    """Weight-only FP8 fused MoE: x [M, H] bf16; w13 [E, 2I, H] e4m3 ([gate; up] rows), w2 [E, H, I]
+    e4m3, their 128x128 power-of-two scales [E, 2I/128, H/128] and [E, H/128, I/128]; topk_weights /
+    topk_ids [M, top_k] -> [M, H]. ``align`` and ``silu_and_mul`` default to SGLang's / sgl_kernel's."""
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"moe_w8a16 needs a bfloat16 activation (got {x.dtype}): e4m3 x 2^k is exact in bf16 only")
+    return _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_and_mul)
+
+
+def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_and_mul):
+    """The launches, for any float activation dtype (Triton's CPU interpreter runs no bf16 dot)."""
+    if align is None:
+        from sglang.srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size as align
+    if silu_and_mul is None:
+        from sgl_kernel import silu_and_mul
+    m, top_k = topk_ids.shape
+    cfg = config or moe_w8a16_config(m)
+    sorted_ids, expert_ids, padded = align(topk_ids, cfg["BLOCK_M"], w13.shape[0])
+    up = torch.empty((m * top_k, w13.shape[1]), dtype=x.dtype, device=x.device)
+    _moe_gemm(x.contiguous(), w13, s13, up, sorted_ids, expert_ids, padded, topk_weights, top_k, cfg)
+    act = silu_and_mul(up)
+    down = torch.empty((m * top_k, w2.shape[1]), dtype=x.dtype, device=x.device)
+    _moe_gemm(act, w2, s2, down, sorted_ids, expert_ids, padded, topk_weights.reshape(-1), 1, cfg)
+    return down.view(m, top_k, -1).sum(dim=1)

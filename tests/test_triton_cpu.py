@@ -27,7 +27,9 @@ for m, n, k in [(1, 64, 128), (7, 200, 352), (33, 130, 256), (16, 96, 96), (70, 
     deq = q.float() * s_ref.repeat_interleave(128, 1)[:, :k]
     ref = deq @ dequantize_block_fp8(w, bs, 1).t() + bias.float()
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    worst = max(worst, ((out.float() - ref).norm() / ref.norm()).item())
+    err = ((out.float() - ref).norm() / ref.norm()).item()
+    assert err == err, (m, n, k)  # NaN would slip through max()
+    worst = max(worst, err)
 print(f"{worst:.6f}")
 """
 
@@ -50,7 +52,9 @@ for m, n, k in [(1, 64, 128), (7, 200, 352), (16, 130, 256), (33, 96, 96), (64, 
             out = th._w8a16(x.float(), w, bs, rows, bias.float(), cfg)
             ref = x.double() @ deq.double().t() + bias.double()
             assert out.shape == (m, n) and out.dtype == torch.float32
-            worst = max(worst, ((out.double() - ref).norm() / ref.norm()).item())
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            assert err == err, (m, n, k, rows)  # NaN would slip through max()
+            worst = max(worst, err)
 try:
     th.w8a16_gemm(x.half(), w, bs, rows)
 except TypeError as e:
@@ -71,3 +75,59 @@ def test_interpreted_weight_only_kernel_matches_float32_reference():
     p = run_python(WEIGHT_ONLY, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert float(p.stdout.split()[-1]) < 1e-5  # exact weights, fp32 operands and accumulation
+
+
+MOE_WEIGHT_ONLY = r"""
+import torch
+import torch.nn.functional as F
+from sglang_mxfp8 import triton_hopper as th
+from sglang_mxfp8.numerics import dequantize_block_fp8, quantize_mxfp8
+from sglang_mxfp8.refit import BlockScaleConverter
+
+def align(topk_ids, block, num_experts):
+    # SGLang's moe_align_block_size contract: ids grouped by expert, each group padded to the block
+    # with the id numel() (invalid), one expert id per block, the padded total
+    flat = topk_ids.flatten()
+    groups, experts = [], []
+    for e in range(num_experts):
+        ids = (flat == e).nonzero().flatten().int()
+        if len(ids):
+            ids = torch.cat([ids, torch.full(((-len(ids)) % block,), flat.numel(), dtype=torch.int32)])
+            groups.append(ids)
+            experts += [e] * (len(ids) // block)
+    sorted_ids = torch.cat(groups)
+    return sorted_ids, torch.tensor(experts, dtype=torch.int32), torch.tensor([len(sorted_ids)], dtype=torch.int32)
+
+torch.manual_seed(2)
+worst = 0.0
+for e_count, h, inter, top_k, m in [(8, 256, 128, 2, 1), (8, 384, 128, 2, 5), (4, 256, 256, 3, 17)]:
+    w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h) * 0.05)
+    w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter) * 0.05)
+    c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13.refresh(w13, s13)
+    c2 = BlockScaleConverter(e_count, h, inter, 128, "cpu", "w2"); c2.refresh(w2, s2)
+    x = torch.randn(m, h)
+    tw, ids = torch.topk(torch.softmax(torch.randn(m, e_count), -1), top_k, dim=-1)
+    tw, ids = (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
+    d13 = [dequantize_block_fp8(w13[e], c13.block_scale[e], 128).double() for e in range(e_count)]
+    d2 = [dequantize_block_fp8(w2[e], c2.block_scale[e], 128).double() for e in range(e_count)]
+    ref = torch.zeros(m, h, dtype=torch.float64)
+    for t in range(m):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            gate_up = d13[e] @ x[t].double()
+            ref[t] += tw[t, j] * (d2[e] @ (F.silu(gate_up[:inter]) * gate_up[inter:]))
+    for cfg in (None, dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=2)):
+        out = th._moe_w8a16(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, cfg, align,
+                            lambda u: F.silu(u[:, :u.shape[1] // 2]) * u[:, u.shape[1] // 2:])
+        assert out.shape == (m, h)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err == err, (e_count, h, inter, m)  # NaN would slip through max()
+        worst = max(worst, err)
+print(f"{worst:.8f}")
+"""
+
+
+def test_interpreted_weight_only_moe_matches_float64_reference():
+    p = run_python(MOE_WEIGHT_ONLY, {"TRITON_INTERPRET": "1"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert float(p.stdout.split()[-1]) < 1e-5  # exact expert weights, fp32 operands and accumulation

@@ -1,5 +1,6 @@
 """MoE layer time, MXFP8 (our Hopper path: SGLang's Triton fused MoE on converted 128x128 block-FP8
-weights) vs SGLang's BF16 Triton fused MoE in the same run, plus accuracy and weight memory.
+weights) vs SGLang's BF16 Triton fused MoE in the same run, plus accuracy and weight memory; and our
+weight-only MoE kernel (BF16 activations, no quantization launches) at decode batch sizes.
 
 Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8.
 
@@ -22,6 +23,7 @@ from triton.testing import do_bench
 
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.refit import BlockScaleConverter
+from sglang_mxfp8.triton_hopper import moe_w8a16
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_timer import graph_us  # noqa: E402
@@ -29,6 +31,7 @@ from plot_speedup import plot_beside  # noqa: E402
 
 E, H, I, TOPK = 128, 2048, 768, 8
 MS = [1, 16, 64, 128, 256, 1024, 4096, 8192]
+WEIGHT_ONLY_MAX = 256  # our weight-only MoE kernel is meant for decode batches
 
 
 def routing(m, gen):
@@ -70,8 +73,9 @@ def main():
     lines = [f"GPU: {torch.cuda.get_device_name()}; E={E} H={H} I={inter}{tp} top-{TOPK}; do_bench medians and GPU time in a CUDA graph (us)",
              f"weight memory MXFP8 (fp8 + uint8 scales + converted scales + refit fingerprints) / BF16: "
              f"{mx_bytes / 2**20:.1f} MiB / {bf16_bytes / 2**20:.1f} MiB = {mx_bytes / bf16_bytes:.3f}x", "",
-             "| tokens | BF16 us | MXFP8 us | speedup | BF16 graph us | MXFP8 graph us | graph speedup | rel. error vs BF16 |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| tokens | BF16 us | MXFP8 us | speedup | BF16 graph us | MXFP8 graph us | graph speedup | rel. error vs BF16 "
+             f"| weight-only MXFP8 graph us (ratio), tokens <= {WEIGHT_ONLY_MAX} |",
+             "|---|---|---|---|---|---|---|---|---|"]
     print(lines[1], flush=True)
     for m in MS:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -89,7 +93,12 @@ def main():
         t16 = do_bench(bf16, warmup=10, rep=50) * 1e3
         t8 = do_bench(mx, warmup=10, rep=50) * 1e3
         g16, g8 = graph_us([bf16]), graph_us([mx])
-        lines.append(f"| {m} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {g16:.1f} | {g8:.1f} | {g16 / g8:.2f}x | {rel:.4f} |")
+        wo = "n/a"
+        if m <= WEIGHT_ONLY_MAX:
+            gw = graph_us([lambda: moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids)])
+            wo = f"{gw:.1f} ({g16 / gw:.2f}x)"
+        lines.append(f"| {m} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {g16:.1f} | {g8:.1f} | {g16 / g8:.2f}x | {rel:.4f} "
+                     f"| {wo} |")
         print(lines[-1], flush=True)
     open(args.out, "w").write("\n".join(lines) + "\n")
     plot_beside(args.out, "MoE layer, MXFP8 vs BF16, " + torch.cuda.get_device_name(), target=1.5)

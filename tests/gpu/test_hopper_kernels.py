@@ -106,3 +106,33 @@ def test_weight_only_gemm_matches_reference(m, backend_cls, n, k):
     assert torch.isfinite(out[:finite]).all() and rel < 5e-3, rel  # bf16 output rounding only
     if m > 1:
         assert out[-1].isnan().all()  # a NaN activation row stays in its row
+
+
+@pytest.mark.parametrize("m", [1, 4, 16, 64])
+def test_weight_only_moe_matches_reference(m):
+    """Weight-only FP8 MoE (SGLang's token alignment, sgl_kernel's SiLU-and-mul) vs float32 on the same weights."""
+    from sglang_mxfp8.refit import BlockScaleConverter
+    from sglang_mxfp8.triton_hopper import moe_w8a16
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    e_count, h, inter, top_k = 16, 512, 256, 4
+    w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h, device="cuda", generator=g) * 0.05)
+    w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter, device="cuda", generator=g) * 0.05)
+    c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cuda", "w13")
+    c13.refresh(w13, s13)
+    c2 = BlockScaleConverter(e_count, h, inter, 128, "cuda", "w2")
+    c2.refresh(w2, s2)
+    x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16, generator=g)
+    tw, ids = torch.topk(torch.softmax(torch.randn(m, e_count, device="cuda", generator=g), -1), top_k, dim=-1)
+    tw, ids = (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
+    out = moe_w8a16(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids).float()
+    ref = torch.zeros(m, h, device="cuda")
+    for e in range(e_count):
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        if len(rows):
+            gate_up = x[rows].float() @ dequantize_block_fp8(w13[e], c13.block_scale[e], 128).t()
+            act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+            y = act @ dequantize_block_fp8(w2[e], c2.block_scale[e], 128).t()
+            ref.index_add_(0, rows, y * tw[rows, slots, None])
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(out).all() and rel < 1e-2, rel  # bf16 intermediates and output
