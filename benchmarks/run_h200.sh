@@ -95,6 +95,8 @@ stock)
   echo "stock command exit code $? after $(( $(date +%s) - start )) s; last line:"; tail -n 1 "$OUT/stock.log"
   ;;
 e2e)
+  # FlashInfer SM90 GEMM kernels for every tile config compiled at load (sglang_mxfp8/flashinfer_sm90.py)
+  export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
     --mx "triton=--fp8-gemm-backend triton --moe-runner-backend triton" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" --profile-steps 16

@@ -64,6 +64,16 @@ class HopperFlashInferDense(DenseBackend):
     kernel = resolver.HOPPER_FLASHINFER
     block_rows = 128
 
+    def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
+        stats = super().process_weights_after_loading(layer, scale)
+        from . import flashinfer_sm90
+
+        max_m = serving_max_tokens()
+        if flashinfer_sm90.precompile_enabled() and max_m:
+            flashinfer_sm90.precompile(layer.weight, layer.mxfp8_converter.block_scale[0],
+                                      getattr(layer, "orig_dtype", torch.bfloat16), max_m)
+        return stats
+
     def apply(self, layer, x, bias=None):
         from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
@@ -100,6 +110,21 @@ def dispatch_w8a8_mxfp8_linear(
             "keep this layer BF16 (modules_to_not_convert) or use --fp8-gemm-backend triton"
         )
     return cls(choice, layer)
+
+
+def serving_max_tokens() -> Optional[int]:
+    """Most tokens one forward of this SGLang server runs (largest prefill chunk or decode graph
+    batch); None outside a server."""
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        args = get_global_server_args()
+    except (ImportError, ValueError):
+        return None
+    if args is None:
+        return None
+    chunk = args.chunked_prefill_size if (args.chunked_prefill_size or 0) > 0 else args.max_prefill_tokens
+    return max(chunk or 0, args.cuda_graph_max_bs or 0) or None
 
 
 def sglang_fp8_gemm_flag() -> str:

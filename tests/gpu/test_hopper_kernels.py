@@ -1,5 +1,7 @@
 """Hopper MXFP8 dense kernels vs a float32 reference, on the GPU (run via benchmarks/run_h200.sh)."""
 
+import os
+
 import pytest
 import torch
 
@@ -136,3 +138,39 @@ def test_weight_only_moe_matches_reference(m):
             ref.index_add_(0, rows, y * tw[rows, slots, None])
     rel = ((out - ref).norm() / ref.norm()).item()
     assert torch.isfinite(out).all() and rel < 1e-2, rel  # bf16 intermediates and output
+
+
+PRECOMPILE = r"""
+import os, random, sys, torch
+from flashinfer.gemm import fp8_blockscale_gemm_sm90
+from sglang_mxfp8 import flashinfer_sm90 as fs
+from sglang_mxfp8.numerics import convert_to_block_scales, quantize_mxfp8
+n, k, max_m = 2048, 4096, 2048
+q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
+bs, _ = convert_to_block_scales(q, s, 128)
+cache = os.path.join(os.environ["TRTLLM_DG_CACHE_DIR"], "cache")
+ran = fs.precompile(q, bs, torch.bfloat16, max_m)
+compiled = set(os.listdir(cache))
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+expected = {fs.jit_kernel_name(n, k, c) for c in fs.configs_up_to(n, k, max_m, sms)}
+print("RAN", ran, "COMPILED", len(compiled), "MISSING", sorted(expected - compiled), "EXTRA", sorted(compiled - expected))
+for m in random.Random(0).sample(range(1, max_m + 1), 40):
+    fp8_blockscale_gemm_sm90(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), q, None, bs, out_dtype=torch.bfloat16)
+torch.cuda.synchronize()
+print("NEW_AFTER", sorted(set(os.listdir(cache)) - compiled))
+"""
+
+
+def test_precompile_compiles_exactly_the_kernels_flashinfer_selects(tmp_path):
+    """FlashInfer's JIT, asked to write its cubins, names each kernel it compiles: precompiling must
+    produce exactly our enumeration's names, and serving any M afterwards must compile nothing new."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("flashinfer")
+    env = dict(os.environ, TRTLLM_DG_JIT_DUMP_CUBIN="1", TRTLLM_DG_CACHE_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", PRECOMPILE], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(x for x in p.stdout.splitlines() if x.startswith("RAN"))
+    assert "MISSING [] EXTRA []" in line, line
+    assert "NEW_AFTER []" in p.stdout, p.stdout
