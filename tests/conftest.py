@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import subprocess
@@ -39,6 +40,23 @@ def run_python(code: str, env_extra=None, timeout=240) -> subprocess.CompletedPr
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout, cwd="/"
     )
+
+
+def set_server_args(**overrides):
+    """SGLang's ServerArgs with its defaults (its __post_init__ would probe a GPU) plus ``overrides``,
+    made the process's global server args, as SGLang's scheduler does."""
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    args = object.__new__(ServerArgs)
+    for f in dataclasses.fields(ServerArgs):
+        if f.default is not dataclasses.MISSING:
+            setattr(args, f.name, f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            setattr(args, f.name, f.default_factory())
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    set_global_server_args_for_scheduler(args)
+    return args
 
 
 @pytest.fixture

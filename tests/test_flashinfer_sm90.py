@@ -6,11 +6,9 @@ at batch 1 (benchmarks/RESULTS.md, e2e): ``deep_gemm::fp8_gemm_kernel_swapAB<204
 stages). tests/gpu checks the whole enumeration against the kernels FlashInfer compiles.
 """
 
-import dataclasses
-
 import pytest
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
+from conftest import set_server_args
 from sglang_mxfp8 import flashinfer_sm90 as fs
 from sglang_mxfp8.dense import serving_max_tokens
 
@@ -43,24 +41,12 @@ def test_every_config_up_to_max_m_has_its_smallest_m(n, k):
     assert {fs.tile_config(m, n, k, H200_SMS) for m in range(1, 8193, 37)} <= set(configs)
 
 
-def _serve(**overrides):
-    args = object.__new__(ServerArgs)  # SGLang's defaults; __post_init__ would probe a GPU
-    for f in dataclasses.fields(ServerArgs):
-        if f.default is not dataclasses.MISSING:
-            setattr(args, f.name, f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            setattr(args, f.name, f.default_factory())
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    set_global_server_args_for_scheduler(args)
-
-
 def test_serving_max_tokens_from_sglang_server_args():
-    _serve(chunked_prefill_size=8192, max_prefill_tokens=16384, cuda_graph_max_bs=128)
+    set_server_args(chunked_prefill_size=8192, max_prefill_tokens=16384, cuda_graph_max_bs=128)
     assert serving_max_tokens() == 8192
-    _serve(chunked_prefill_size=-1, max_prefill_tokens=16384, cuda_graph_max_bs=128)
+    set_server_args(chunked_prefill_size=-1, max_prefill_tokens=16384, cuda_graph_max_bs=128)
     assert serving_max_tokens() == 16384
-    _serve(chunked_prefill_size=64, max_prefill_tokens=16384, cuda_graph_max_bs=256)
+    set_server_args(chunked_prefill_size=64, max_prefill_tokens=16384, cuda_graph_max_bs=256)
     assert serving_max_tokens() == 256
 
 

@@ -6,7 +6,6 @@ were measured on (this machine has no GPU and another Triton). The wiring inside
 shown by the e2e run's server log (benchmarks/RESULTS.md).
 """
 
-import dataclasses
 import importlib.util
 import json
 import logging
@@ -15,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import sglang
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from conftest import MILES_QUANT, write_config
+from conftest import set_server_args, write_config
 from sglang_mxfp8 import plugin
 
 H200_FP8_BLOCK = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
@@ -35,16 +33,7 @@ def sglang_config_module(triton_version="3.6.0", device="NVIDIA_H200"):
 
 
 def serve(model_path, **overrides):
-    args = object.__new__(ServerArgs)  # SGLang's defaults; __post_init__ would probe a GPU
-    for f in dataclasses.fields(ServerArgs):
-        if f.default is not dataclasses.MISSING:
-            setattr(args, f.name, f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            setattr(args, f.name, f.default_factory())
-    args.model_path = str(model_path)
-    for k, v in overrides.items():
-        setattr(args, k, v)
-    set_global_server_args_for_scheduler(args)
+    set_server_args(model_path=str(model_path), **overrides)
 
 
 def patched(module):
