@@ -68,8 +68,8 @@ class HopperFlashInferDense(DenseBackend):
         stats = super().process_weights_after_loading(layer, scale)
         from . import flashinfer_sm90
 
-        max_m = serving_max_tokens()
-        if flashinfer_sm90.precompile_enabled() and max_m:
+        max_m = serving_max_tokens() if flashinfer_sm90.precompile_enabled() else None
+        if max_m:
             flashinfer_sm90.precompile(layer.weight, layer.mxfp8_converter.block_scale[0],
                                       getattr(layer, "orig_dtype", torch.bfloat16), max_m)
         return stats

@@ -235,9 +235,8 @@ def _moe_gemm(a, w, w_s, out, sorted_ids, expert_ids, padded, topk_weights, a_ro
     )
 
 
-def moe_w8a16_config(m: int) -> dict:
-    """Untuned starting point: one 16-row tile per expert in decode; measured by bench_moe.py."""
-    return dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
+# untuned starting point: one 16-row tile per expert in decode; measured by bench_moe.py
+MOE_W8A16_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
 
 
 def moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=None, silu_and_mul=None):
@@ -256,7 +255,7 @@ def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_
     if silu_and_mul is None:
         from sgl_kernel import silu_and_mul
     m, top_k = topk_ids.shape
-    cfg = config or moe_w8a16_config(m)
+    cfg = config or MOE_W8A16_CONFIG
     sorted_ids, expert_ids, padded = align(topk_ids, cfg["BLOCK_M"], w13.shape[0])
     up = torch.empty((m * top_k, w13.shape[1]), dtype=x.dtype, device=x.device)
     _moe_gemm(x.contiguous(), w13, s13, up, sorted_ids, expert_ids, padded, topk_weights, top_k, cfg)

@@ -1,9 +1,10 @@
 """Our Hopper Triton kernels' indexing, run on the CPU by Triton's interpreter (TRITON_INTERPRET=1).
 
 Checks tiles, masks (M, N, K tails; K a multiple of 32 but not of 128), scale handling and bias
-against float32 references, for the W8A8 GEMM with its quantizer and the weight-only GEMM. The interpreter's float->e4m3 cast does not round like the GPU's
-(cvt.rn.satfinite), so the quantizer is checked here for its scales only; its rounding, speed and
-the FP8 tensor-core path are tested on the H200 (tests/gpu, benchmarks/).
+against float32/float64 references, for the W8A8 GEMM with its quantizer and the weight-only dense
+and MoE kernels. The interpreter's float->e4m3 cast does not round like the GPU's (cvt.rn.satfinite),
+so the quantizer is checked here for its scales only; its rounding, speed and the FP8 tensor-core
+path are tested on the H200 (tests/gpu, benchmarks/).
 """
 
 from conftest import run_python

@@ -18,7 +18,7 @@ from triton.testing import do_bench
 from sglang_mxfp8 import triton_hopper as th
 from sglang_mxfp8.numerics import convert_to_block_scales, quantize_mxfp8
 
-from bench_dense import WORKING_SET  # this folder
+from bench_dense import WORKING_SET, graph_copies  # this folder
 from gpu_timer import graph_us
 
 SHAPES = {"2048->5120": (2048, 5120), "4096->14336": (4096, 14336)}
@@ -52,7 +52,7 @@ def sweep_w8a16(out):
              "| K->N | M | BF16 | W8A8 (ours, default) | W8A16 default cfg | W8A16 best cfg | best cfg | "
              "best vs BF16 | configs tried |", "|---|---|---|---|---|---|---|---|---|"]
     for name, (k, n) in W8A16_SHAPES.items():
-        copies = max(1, min(64, WORKING_SET // (n * k)))
+        copies = graph_copies(n, k)
         ws = []
         for _ in range(copies):
             q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
