@@ -8,7 +8,8 @@
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory; MoE tile sweep
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
-#   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 dense and MoE kernels for small M: GPU tests, dense tile sweep
+#   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 kernels for small M: GPU tests, dense and MoE tile sweeps
+#   bash benchmarks/run_h200.sh tables    # dense (CUDA-graph timer) and MoE tables with every candidate kernel
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
@@ -97,9 +98,9 @@ stock)
 e2e)
   # FlashInfer SM90 GEMM kernels for every tile config compiled at load (sglang_mxfp8/flashinfer_sm90.py)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
+  FL="--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
-    --mx "triton=--fp8-gemm-backend triton --moe-runner-backend triton" \
-    --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" --profile-steps 16
+    --mx "flashinfer dense=$FL" --mx "flashinfer dense, W8A8 only=SGLANG_MXFP8_WEIGHT_ONLY=0 $FL" --profile-steps 16
   ;;
 tp-shards)
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_tp2.md" --flashinfer --timer graph --tp 2 2>&1 | tail -30
@@ -128,8 +129,13 @@ moe)
   ;;
 w8a16)
   python3 -m pytest -q tests/gpu -k weight_only 2>&1 | tail -3
-  (cd benchmarks/kernels && python3 sweep_triton.py --kernel w8a16 --out "$OUT/sweep_w8a16.md")
-  ;;  # the kernels and moe phases' tables carry the weight-only columns
+  (cd benchmarks/kernels && timeout 300 python3 sweep_triton.py --kernel w8a16 --out "$OUT/sweep_w8a16.md"
+   timeout 180 python3 sweep_triton.py --kernel moe_w8a16 --out "$OUT/sweep_moe_w8a16.md" 2>&1 | grep "^|")
+  ;;
+tables)
+  python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_graph.md" --flashinfer --timer graph 2>&1 | tail -25
+  python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md" 2>&1 | grep "^|"
+  ;;
 tune)
   python3 benchmarks/kernels/sweep_triton.py --out "$OUT/sweep.md"
   sglang-mxfp8 demo --workdir /tmp/demo 2>&1 | tee "$OUT/demo.txt"

@@ -8,6 +8,7 @@ tensors allocated once), ``process_weights_after_loading(layer)`` (idempotent, i
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional, Type
 
 import torch
@@ -18,14 +19,33 @@ from .refit import BlockScaleConverter
 
 logger = logging.getLogger(__name__)
 
+WEIGHT_ONLY_ENV = "SGLANG_MXFP8_WEIGHT_ONLY"
+WEIGHT_ONLY_MAX_M = 16  # placeholder until measured
+
+
+def weight_only_enabled() -> bool:
+    """Weight-only FP8 kernels for small batches (on unless SGLANG_MXFP8_WEIGHT_ONLY=0)."""
+    return os.environ.get(WEIGHT_ONLY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
 
 class DenseBackend:
     kernel: str = ""
     block_rows: int = 1
+    weight_only_max_m: int = 0  # batches of up to this many BF16 tokens run the weight-only kernel
 
     def __init__(self, choice: resolver.Choice, layer_name: str):
         self.choice = choice
         self.layer_name = layer_name
+        if not weight_only_enabled():
+            self.weight_only_max_m = 0
+
+    def weight_only(self, layer, x2: torch.Tensor, bias):
+        """The weight-only product for a small BF16 batch, or None where the backend's own kernel runs."""
+        if x2.shape[0] > self.weight_only_max_m or x2.dtype != torch.bfloat16:
+            return None
+        from .triton_hopper import w8a16_gemm
+
+        return w8a16_gemm(x2, layer.weight, layer.mxfp8_converter.block_scale[0], self.block_rows, bias)
 
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         layer.mxfp8_converter = BlockScaleConverter(1, n, k, self.block_rows, layer.weight.device, self.layer_name)
@@ -42,6 +62,7 @@ class HopperTritonDense(DenseBackend):
 
     kernel = resolver.HOPPER_TRITON
     block_rows = 1
+    weight_only_max_m = WEIGHT_ONLY_MAX_M
 
     def apply(self, layer, x, bias=None):
         from .triton_hopper import quantize_act_1x128, w8a8_gemm
@@ -49,8 +70,10 @@ class HopperTritonDense(DenseBackend):
         x2 = x.reshape(-1, x.shape[-1])
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        a_q, a_s = quantize_act_1x128(x2)
-        out = w8a8_gemm(a_q, a_s, layer.weight, layer.mxfp8_converter.block_scale[0], x.dtype, bias)
+        out = self.weight_only(layer, x2, bias)
+        if out is None:
+            a_q, a_s = quantize_act_1x128(x2)
+            out = w8a8_gemm(a_q, a_s, layer.weight, layer.mxfp8_converter.block_scale[0], x.dtype, bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
@@ -63,6 +86,7 @@ class HopperFlashInferDense(DenseBackend):
 
     kernel = resolver.HOPPER_FLASHINFER
     block_rows = 128
+    weight_only_max_m = WEIGHT_ONLY_MAX_M
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         stats = super().process_weights_after_loading(layer, scale)
@@ -78,9 +102,11 @@ class HopperFlashInferDense(DenseBackend):
         from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
-        if bias is not None:
-            out = out + bias
+        out = self.weight_only(layer, x2, bias)
+        if out is None:
+            out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
+            if bias is not None:
+                out = out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

@@ -27,8 +27,9 @@ def divergence(seq: dict, ref: dict) -> tuple:
 
 
 class Server:
-    def __init__(self, name, ckpt, flags, port, log_dir, text=False):
-        """``text``: load the checkpoint's tokenizer (default: input_ids only, --skip-tokenizer-init)."""
+    def __init__(self, name, ckpt, flags, port, log_dir, text=False, env=None):
+        """``text``: load the checkpoint's tokenizer (default: input_ids only, --skip-tokenizer-init);
+        ``env``: variables set for the server on top of this process's environment."""
         self.name, self.ckpt, self.port = name, ckpt, port
         with socket.socket() as sock:  # else wait() would take a leftover server's answers for ours
             if sock.connect_ex(("127.0.0.1", port)) == 0:
@@ -38,10 +39,11 @@ class Server:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--port", str(port)]
         base = BASE_FLAGS.replace(" --skip-tokenizer-init", "") if text else BASE_FLAGS
         cmd += shlex.split(base) + shlex.split(flags)
-        self.cmd = " ".join(cmd)
+        self.cmd = " ".join([f"{k}={v}" for k, v in (env or {}).items()] + cmd)
         print(f"[{name}] {self.cmd}", flush=True)
         self.t0 = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
 
     def wait(self, timeout=400):
         url = f"http://127.0.0.1:{self.port}/health_generate"

@@ -1,4 +1,4 @@
-"""The kernel-time summary that benchmarks/e2e/bench_throughput.py reads from SGLang's profiler trace."""
+"""Helpers of benchmarks/e2e/bench_throughput.py: the kernel-time summary it reads from SGLang's profiler trace, its variant specs."""
 
 import gzip
 import importlib.util
@@ -30,3 +30,10 @@ def test_kernel_times_per_step_sorted_with_total(tmp_path):
     table = bench.profile_tables({"MXFP8": rows}, top=2)
     assert "| moe_gemm | 2.0 | 60.0 |" in table and "| all kernels | 6.2 | 71.0 |" in table
     assert not any("argmax" in line for line in table)
+
+
+def test_variant_spec_leading_assignments_are_the_servers_environment():
+    env, flags = bench.split_env("SGLANG_MXFP8_WEIGHT_ONLY=0 A_B='x y' --fp8-gemm-backend triton --json-model-override-args '{\"a\": 1}'")
+    assert env == {"SGLANG_MXFP8_WEIGHT_ONLY": "0", "A_B": "x y"}
+    assert flags == "--fp8-gemm-backend triton --json-model-override-args '{\"a\": 1}'"
+    assert bench.split_env("--flag X=1") == ({}, "--flag X=1")  # a value after a flag stays a flag value

@@ -25,6 +25,8 @@ import argparse
 import gzip
 import json
 import random
+import re
+import shlex
 import statistics
 import sys
 import time
@@ -128,6 +130,16 @@ def profile_tables(profiles: dict, top: int = 12) -> list:
     return lines
 
 
+def split_env(flags: str):
+    """'KEY=VALUE ... --flag ...' -> ({KEY: VALUE}, '--flag ...'): leading assignments set the server's environment."""
+    words = shlex.split(flags)
+    env = {}
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    return env, shlex.join(words)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -135,7 +147,8 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--flags", default="--cuda-graph-max-bs 128", help="both servers")
     ap.add_argument("--mx", action="append", metavar="NAME=FLAGS",
-                    help="an MXFP8 server variant (repeatable); default: triton dense and MoE")
+                    help="an MXFP8 server variant (repeatable), FLAGS may start with KEY=VALUE environment "
+                         "settings; default: triton dense and MoE")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128])
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
@@ -152,13 +165,14 @@ def main():
     if not (mx / "config.json").is_file():
         convert(bf16, mx, force=True)
 
-    variants = [("BF16", bf16, args.flags)]
+    variants = [("BF16", bf16, args.flags, {})]
     for spec in args.mx or ["triton=--fp8-gemm-backend triton --moe-runner-backend triton"]:
         name, flags = spec.split("=", 1)
-        variants.append((f"MXFP8 {name}", mx, f"{args.flags} {flags}"))
+        env, flags = split_env(flags)
+        variants.append((f"MXFP8 {name}", mx, f"{args.flags} {flags}", env))
     results, commands, profiles = {}, {}, {}
-    for name, ckpt, flags in variants:
-        s = Server(name.replace(" ", "_"), str(ckpt), flags, args.port, out)
+    for name, ckpt, flags, env in variants:
+        s = Server(name.replace(" ", "_"), str(ckpt), flags, args.port, out, env=env)
         commands[name] = s.cmd
         try:
             s.wait(timeout=900)

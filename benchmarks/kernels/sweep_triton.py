@@ -3,9 +3,10 @@
 --kernel w8a8 (default): per (shape, M), BF16 cuBLAS time, the quantizer's time, the default config's
 GEMM time and the best config found (do_bench). --kernel w8a16: the weight-only GEMM at small M, GPU
 time inside a CUDA graph over distinct weight copies, against BF16 cuBLAS and our W8A8 whole op.
-Writes the table to --out (input for tuned per-shape configs).
+--kernel moe_w8a16: the weight-only fused MoE (Qwen3-30B-A3B layer) at decode batch sizes, GPU time
+in a CUDA graph, against SGLang's BF16 fused MoE. Writes the table to --out (input for tuned configs).
 
-    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md [--kernel w8a16]
+    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md [--kernel w8a16|moe_w8a16]
 """
 
 import argparse
@@ -86,13 +87,57 @@ def sweep_w8a16(out):
     open(out, "w").write("\n".join(lines) + "\n")
 
 
+MOE_W8A16_TOKENS = [1, 4, 16, 32, 64]
+MOE_W8A16_GRID = [dict(BLOCK_M=16, BLOCK_N=bn, num_warps=w, num_stages=st)
+                  for bn, w, st in itertools.product((32, 64, 128), (2, 4, 8), (3, 4, 5))]
+
+
+def sweep_moe_w8a16(out):
+    """Weight-only fused MoE tiles on the Qwen3-30B-A3B layer (its 1.2 GB of experts exceed L2)."""
+    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from bench_moe import E, H, I, experts, routing  # this folder
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
+    lines = [f"GPU: {torch.cuda.get_device_name()}; E={E} H={H} I={I}; GPU time per MoE layer in a CUDA graph, us", "",
+             "| tokens | BF16 fused MoE | weight-only default cfg | weight-only best cfg | best cfg | best vs BF16 | "
+             "configs tried |", "|---|---|---|---|---|---|---|"]
+    for m in MOE_W8A16_TOKENS:
+        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+        tw, ids = routing(m, gen)
+        t16 = graph_us([lambda: outplace_fused_experts(x, w13_16, w2_16, tw, ids)])
+        tdef = graph_us([lambda: th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids)])
+        ref = th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids).float()
+        best, tried = (float("inf"), None), 0
+        for cfg in MOE_W8A16_GRID:
+            try:
+                got = th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg).float()
+                t = graph_us([lambda: th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)],
+                             reps=10)
+            except Exception:  # noqa: BLE001 - out of shared memory etc.
+                continue
+            assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg  # same math, other tiling
+            tried += 1
+            best = min(best, (t, cfg), key=lambda b: b[0])
+        t, cfg = best
+        short = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
+        lines.append(f"| {m} | {t16:.1f} | {tdef:.1f} | {t:.1f} | {short} | {t16 / t:.2f}x | {tried} |")
+        print(lines[-1], flush=True)
+    open(out, "w").write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--kernel", choices=["w8a8", "w8a16"], default="w8a8")
+    ap.add_argument("--kernel", choices=["w8a8", "w8a16", "moe_w8a16"], default="w8a8")
     args = ap.parse_args()
     if args.kernel == "w8a16":
         return sweep_w8a16(args.out)
+    if args.kernel == "moe_w8a16":
+        return sweep_moe_w8a16(args.out)
     lines = [f"GPU: {torch.cuda.get_device_name()}; do_bench medians, microseconds", "",
              "| K->N | M | BF16 | act quant (default rows) | act quant rows 1 / 4 / 16 / 32 | GEMM default cfg | "
              "GEMM best cfg | best cfg | best whole op vs BF16 |",

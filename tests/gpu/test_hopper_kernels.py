@@ -54,6 +54,7 @@ def test_backend_matches_reference(m, backend_cls, n, k):
     if backend_cls is HopperFlashInferDense:
         pytest.importorskip("flashinfer")
     layer, be = _layer(backend_cls, n, k)
+    be.weight_only_max_m = 0  # the W8A8 kernels here; small batches' weight-only product is tested below
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = be.apply(layer, x).float()
     ref = _reference(layer, be, x)
@@ -108,6 +109,27 @@ def test_weight_only_gemm_matches_reference(m, backend_cls, n, k):
     assert torch.isfinite(out[:finite]).all() and rel < 5e-3, rel  # bf16 output rounding only
     if m > 1:
         assert out[-1].isnan().all()  # a NaN activation row stays in its row
+
+
+@pytest.mark.parametrize("backend_cls", [HopperTritonDense, HopperFlashInferDense])
+def test_apply_serves_small_batches_weight_only(backend_cls):
+    """apply() runs the weight-only kernel up to weight_only_max_m tokens, the W8A8 kernel above."""
+    from sglang_mxfp8.triton_hopper import w8a16_gemm
+
+    if backend_cls is HopperFlashInferDense:
+        pytest.importorskip("flashinfer")
+    layer, be = _layer(backend_cls, 2048, 4096)
+    limit = be.weight_only_max_m
+    assert limit >= 1
+    for m in (1, limit, limit + 1):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        got = be.apply(layer, x)
+        weight_only = w8a16_gemm(x, layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows)
+        be.weight_only_max_m = 0
+        w8a8 = be.apply(layer, x)
+        be.weight_only_max_m = limit
+        assert torch.equal(got, weight_only if m <= limit else w8a8), m
+        assert not torch.equal(weight_only, w8a8)  # the two paths are distinguishable
 
 
 @pytest.mark.parametrize("m", [1, 4, 16, 64])
