@@ -98,9 +98,10 @@ stock)
 e2e)
   # FlashInfer SM90 GEMM kernels for every tile config compiled at load (sglang_mxfp8/flashinfer_sm90.py)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
-  FL="--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
-  python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
-    --mx "flashinfer dense=$FL" --mx "flashinfer dense, W8A8 only=SGLANG_MXFP8_WEIGHT_ONLY=0 $FL" --profile-steps 16
+  # the Triton dense variant runs the weight-only GEMM at M <= 16 (sglang_mxfp8/dense.py)
+  timeout 570 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
+    --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
+    --mx "triton dense=--fp8-gemm-backend triton --moe-runner-backend triton" --profile-steps 16
   ;;
 tp-shards)
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_tp2.md" --flashinfer --timer graph --tp 2 2>&1 | tail -30

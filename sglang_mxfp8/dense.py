@@ -20,11 +20,14 @@ from .refit import BlockScaleConverter
 logger = logging.getLogger(__name__)
 
 WEIGHT_ONLY_ENV = "SGLANG_MXFP8_WEIGHT_ONLY"
-WEIGHT_ONLY_MAX_M = 16  # placeholder until measured
+# H200, CUDA-graph GPU time (benchmarks/RESULTS.md, "Weight-only FP8 kernels"): at M <= 16 the weight-only
+# kernel beat our W8A8 whole op (quantizer + GEMM) by 1.2-1.6x on three of four Qwen3/Llama shapes and lost
+# 5% on the fourth; at M = 64 it lost on three. FlashInfer's fused-quantization GEMM beat it at M <= 16.
+WEIGHT_ONLY_MAX_M = 16
 
 
 def weight_only_enabled() -> bool:
-    """Weight-only FP8 kernels for small batches (on unless SGLANG_MXFP8_WEIGHT_ONLY=0)."""
+    """Weight-only FP8 GEMM for small batches on the Triton backend (on unless SGLANG_MXFP8_WEIGHT_ONLY=0)."""
     return os.environ.get(WEIGHT_ONLY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
@@ -86,7 +89,6 @@ class HopperFlashInferDense(DenseBackend):
 
     kernel = resolver.HOPPER_FLASHINFER
     block_rows = 128
-    weight_only_max_m = WEIGHT_ONLY_MAX_M
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         stats = super().process_weights_after_loading(layer, scale)
@@ -102,11 +104,9 @@ class HopperFlashInferDense(DenseBackend):
         from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        out = self.weight_only(layer, x2, bias)
-        if out is None:
-            out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
-            if bias is not None:
-                out = out + bias
+        out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
+        if bias is not None:
+            out = out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

@@ -21,25 +21,12 @@ from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod, Un
 from sglang.srt.layers.quantization.utils import is_layer_skipped
 
 from . import __version__, checkpoint, resolver
-from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag, weight_only_enabled
+from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag
 from .gpu import current_gpu, flashinfer_available
 from .blackwell import CutlassMoeScales, cutlass_mxfp8_moe
 from .refit import BlockScaleConverter, LoadTracker
 
 logger = logging.getLogger("sglang_mxfp8")
-
-MOE_WEIGHT_ONLY_MAX_TOKENS = 16  # placeholder until measured
-
-
-def moe_weight_only_max_tokens(config, ep_size: int) -> int:
-    """Largest batch the weight-only MoE kernel serves for this layer: 0 unless the layer is plain
-    SiLU-gated top-k in BF16 on all experts (what the kernel computes); see MOE_WEIGHT_ONLY_MAX_TOKENS."""
-    plain = (
-        config.activation == "silu" and config.is_gated and config.gemm1_alpha is None
-        and config.gemm1_clamp_limit is None and not config.apply_router_weight_on_input
-        and not config.no_combine and config.params_dtype == torch.bfloat16 and ep_size == 1
-    )
-    return MOE_WEIGHT_ONLY_MAX_TOKENS if plain and weight_only_enabled() else 0
 
 
 def _announce_once() -> None:
@@ -182,7 +169,6 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         super().__init__(quant_config)
         self.prefix = prefix
         self.choice: Optional[resolver.Choice] = None
-        self.weight_only_max_tokens = 0
 
     @property
     def load_up_proj_weight_first(self) -> bool:
@@ -228,7 +214,6 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         self.moe_runner_config = moe_runner_config
         if self.choice.kernel == resolver.HOPPER_TRITON_MOE:
             self.runner = MoeRunner(MoeRunnerBackend.TRITON, moe_runner_config)
-            self.weight_only_max_tokens = moe_weight_only_max_tokens(moe_runner_config, layer.moe_ep_size)
 
     def apply(self, layer, dispatch_output):
         if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
@@ -240,18 +225,6 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
                 layer.mxfp8_cutlass_scales, tp_size=layer.moe_tp_size, tp_rank=layer.moe_tp_rank,
                 ep_size=layer.moe_ep_size, ep_rank=layer.moe_ep_rank,
             )
-            return StandardCombineInput(hidden_states=out)
-        x = dispatch_output.hidden_states
-        if x.shape[0] <= self.weight_only_max_tokens:
-            from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
-
-            from .triton_hopper import moe_w8a16
-
-            topk_weights, topk_ids, _ = dispatch_output.topk_output
-            out = moe_w8a16(x, layer.w13_weight, layer.mxfp8_w13.block_scale, layer.w2_weight,
-                            layer.mxfp8_w2.block_scale, topk_weights, topk_ids)
-            if self.moe_runner_config.routed_scaling_factor not in (None, 1.0):
-                out.mul_(self.moe_runner_config.routed_scaling_factor)
             return StandardCombineInput(hidden_states=out)
         quant_info = TritonMoeQuantInfo(
             w13_weight=layer.w13_weight,

@@ -111,14 +111,11 @@ def test_weight_only_gemm_matches_reference(m, backend_cls, n, k):
         assert out[-1].isnan().all()  # a NaN activation row stays in its row
 
 
-@pytest.mark.parametrize("backend_cls", [HopperTritonDense, HopperFlashInferDense])
-def test_apply_serves_small_batches_weight_only(backend_cls):
-    """apply() runs the weight-only kernel up to weight_only_max_m tokens, the W8A8 kernel above."""
+def test_apply_serves_small_batches_weight_only():
+    """The Triton backend's apply() runs the weight-only kernel up to weight_only_max_m tokens, W8A8 above."""
     from sglang_mxfp8.triton_hopper import w8a16_gemm
 
-    if backend_cls is HopperFlashInferDense:
-        pytest.importorskip("flashinfer")
-    layer, be = _layer(backend_cls, 2048, 4096)
+    layer, be = _layer(HopperTritonDense, 2048, 4096)
     limit = be.weight_only_max_m
     assert limit >= 1
     for m in (1, limit, limit + 1):
