@@ -96,7 +96,7 @@ stock)
   echo "stock command exit code $? after $(( $(date +%s) - start )) s; last line:"; tail -n 1 "$OUT/stock.log"
   ;;
 e2e)
-  # FlashInfer SM90 GEMM kernels for every tile config compiled at load (sglang_mxfp8/flashinfer_sm90.py)
+  # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/flashinfer_sm90.py)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
   # the Triton dense variant runs the weight-only GEMM at M <= 16 (sglang_mxfp8/dense.py)
   timeout 570 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \

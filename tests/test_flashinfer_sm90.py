@@ -50,7 +50,10 @@ def test_serving_max_tokens_from_sglang_server_args():
     assert serving_max_tokens() == 256
 
 
-@pytest.mark.parametrize("value,enabled", [("1", True), ("on", True), ("0", False), ("", False)])
-def test_precompile_is_opt_in(monkeypatch, value, enabled):
-    monkeypatch.setenv(fs.PRECOMPILE_ENV, value)
+@pytest.mark.parametrize("value,enabled", [(None, True), ("1", True), ("on", True), ("0", False), ("off", False)])
+def test_precompile_is_on_unless_turned_off(monkeypatch, value, enabled):
+    if value is None:
+        monkeypatch.delenv(fs.PRECOMPILE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(fs.PRECOMPILE_ENV, value)
     assert fs.precompile_enabled() is enabled
