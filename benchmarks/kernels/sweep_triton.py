@@ -46,6 +46,24 @@ W8A16_GRID = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
               for bm, bn, w, st in itertools.product((16, 32, 64), (16, 32, 64, 128), (2, 4), (3, 5))]
 
 
+def best_config(grid, run, time):
+    """(best time, its config in short form, configs that ran) over ``grid``: ``run(cfg)`` computes with
+    a config (None: the kernel's default, the reference), ``time(cfg)`` times it."""
+    ref = run(None).float()
+    best, tried = (float("inf"), None), 0
+    for cfg in grid:
+        try:
+            got = run(cfg).float()
+            t = time(cfg)
+        except Exception:  # noqa: BLE001 - out of shared memory etc.
+            continue
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg  # same math, other tiling
+        tried += 1
+        best = min(best, (t, cfg), key=lambda b: b[0])
+    t, cfg = best
+    return t, f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}", tried
+
+
 def sweep_w8a16(out):
     """Weight-only GEMM tiles, GPU time in a CUDA graph over distinct weight copies (HBM, not L2)."""
     lines = [f"GPU: {torch.cuda.get_device_name()}; GPU time per call inside one CUDA graph over "
@@ -64,21 +82,10 @@ def sweep_w8a16(out):
             t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
             t88 = graph_us([lambda w=w: th.w8a8_gemm(*th.quantize_act_1x128(x), *w) for w in ws])
             tdef = graph_us([lambda w=w: th.w8a16_gemm(x, *w) for w in ws])
-            ref = th.w8a16_gemm(x, *ws[0]).float()
-            best, tried = (float("inf"), None), 0
-            for cfg in W8A16_GRID:
-                if cfg["BLOCK_M"] > max(16, triton.next_power_of_2(m)):
-                    continue
-                try:
-                    got = th.w8a16_gemm(x, *ws[0], config=cfg).float()
-                    t = graph_us([lambda w=w: th.w8a16_gemm(x, *w, config=cfg) for w in ws], reps=10)
-                except Exception:  # noqa: BLE001 - out of shared memory etc.
-                    continue
-                assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg  # same math, other tiling
-                tried += 1
-                best = min(best, (t, cfg), key=lambda b: b[0])
-            t, cfg = best
-            short = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            t, short, tried = best_config(
+                [cfg for cfg in W8A16_GRID if cfg["BLOCK_M"] <= max(16, triton.next_power_of_2(m))],
+                lambda cfg: th.w8a16_gemm(x, *ws[0], config=cfg),
+                lambda cfg: graph_us([lambda w=w: th.w8a16_gemm(x, *w, config=cfg) for w in ws], reps=10))
             lines.append(f"| {name} | {m} | {t16:.1f} | {t88:.1f} | {tdef:.1f} | {t:.1f} | {short} | "
                          f"{t16 / t:.2f}x | {tried} |")
             print(lines[-1], flush=True)
@@ -109,21 +116,11 @@ def sweep_moe_w8a16(out):
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
         tw, ids = routing(m, gen)
         t16 = graph_us([lambda: outplace_fused_experts(x, w13_16, w2_16, tw, ids)])
-        tdef = graph_us([lambda: th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids)])
-        ref = th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids).float()
-        best, tried = (float("inf"), None), 0
-        for cfg in MOE_W8A16_GRID:
-            try:
-                got = th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg).float()
-                t = graph_us([lambda: th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)],
-                             reps=10)
-            except Exception:  # noqa: BLE001 - out of shared memory etc.
-                continue
-            assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg  # same math, other tiling
-            tried += 1
-            best = min(best, (t, cfg), key=lambda b: b[0])
-        t, cfg = best
-        short = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
+        def moe(cfg):
+            return th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)
+
+        tdef = graph_us([lambda: moe(None)])
+        t, short, tried = best_config(MOE_W8A16_GRID, moe, lambda cfg: graph_us([lambda: moe(cfg)], reps=10))
         lines.append(f"| {m} | {t16:.1f} | {tdef:.1f} | {t:.1f} | {short} | {t16 / t:.2f}x | {tried} |")
         print(lines[-1], flush=True)
     open(out, "w").write("\n".join(lines) + "\n")
