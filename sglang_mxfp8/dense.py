@@ -21,9 +21,11 @@ logger = logging.getLogger(__name__)
 
 WEIGHT_ONLY_ENV = "SGLANG_MXFP8_WEIGHT_ONLY"
 # H200, CUDA-graph GPU time (benchmarks/RESULTS.md, "Weight-only FP8 kernels"): at M <= 16 the weight-only
-# kernel beat our W8A8 whole op (quantizer + GEMM) by 1.2-1.6x on three of four Qwen3/Llama shapes and lost
-# 5% on the fourth; at M = 64 it lost on three. FlashInfer's fused-quantization GEMM beat it at M <= 16.
+# kernel beat our W8A8 whole op (quantizer + GEMM) by 1.2-1.6x on the layers with N <= 5120 (2048->5120,
+# 4096->2048, 14336->4096) and lost 5-13% on 4096->14336; at M = 64 it lost on three of four.
+# FlashInfer's fused-quantization GEMM beat it at M <= 16.
 WEIGHT_ONLY_MAX_M = 16
+WEIGHT_ONLY_MAX_N = 5120
 
 
 def weight_only_enabled() -> bool:
@@ -66,6 +68,11 @@ class HopperTritonDense(DenseBackend):
     kernel = resolver.HOPPER_TRITON
     block_rows = 1
     weight_only_max_m = WEIGHT_ONLY_MAX_M
+
+    def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
+        super().create_buffers(layer, n, k)
+        if n > WEIGHT_ONLY_MAX_N:
+            self.weight_only_max_m = 0
 
     def apply(self, layer, x, bias=None):
         from .triton_hopper import quantize_act_1x128, w8a8_gemm

@@ -25,6 +25,17 @@ def test_triton_backend_serves_small_bf16_batches_weight_only(monkeypatch):
     assert be.weight_only(layer, half, None) is None  # e4m3 x 2^k is exact in bf16 only
 
 
+@pytest.mark.parametrize("n,expected", [(2048, 16), (5120, 16), (5121, 0), (14336, 0)])
+def test_triton_backend_keeps_w8a8_for_wide_layers(n, expected, monkeypatch):
+    """4096->14336 ran faster on the W8A8 kernel at M <= 16 on the H200; N <= 5120 on the weight-only one."""
+    monkeypatch.delenv(dense.WEIGHT_ONLY_ENV, raising=False)
+    be = _backend(HopperTritonDense)
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.zeros(n, 256, dtype=torch.float8_e4m3fn), requires_grad=False)
+    be.create_buffers(layer, n, 256)
+    assert be.weight_only_max_m == expected
+
+
 @pytest.mark.parametrize("value", ["0", "off", "False"])
 def test_weight_only_switch_off(value, monkeypatch):
     monkeypatch.setenv(dense.WEIGHT_ONLY_ENV, value)
