@@ -36,21 +36,10 @@ def weight_only_enabled() -> bool:
 class DenseBackend:
     kernel: str = ""
     block_rows: int = 1
-    weight_only_max_m: int = 0  # batches of up to this many BF16 tokens run the weight-only kernel
 
     def __init__(self, choice: resolver.Choice, layer_name: str):
         self.choice = choice
         self.layer_name = layer_name
-        if not weight_only_enabled():
-            self.weight_only_max_m = 0
-
-    def weight_only(self, layer, x2: torch.Tensor, bias):
-        """The weight-only product for a small BF16 batch, or None where the backend's own kernel runs."""
-        if x2.shape[0] > self.weight_only_max_m or x2.dtype != torch.bfloat16:
-            return None
-        from .triton_hopper import w8a16_gemm
-
-        return w8a16_gemm(x2, layer.weight, layer.mxfp8_converter.block_scale[0], self.block_rows, bias)
 
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         layer.mxfp8_converter = BlockScaleConverter(1, n, k, self.block_rows, layer.weight.device, self.layer_name)
@@ -67,12 +56,23 @@ class HopperTritonDense(DenseBackend):
 
     kernel = resolver.HOPPER_TRITON
     block_rows = 1
-    weight_only_max_m = WEIGHT_ONLY_MAX_M
+
+    def __init__(self, choice: resolver.Choice, layer_name: str):
+        super().__init__(choice, layer_name)
+        self.weight_only_max_m = WEIGHT_ONLY_MAX_M if weight_only_enabled() else 0  # BF16 batches up to this size
 
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         super().create_buffers(layer, n, k)
         if n > WEIGHT_ONLY_MAX_N:
             self.weight_only_max_m = 0
+
+    def weight_only(self, layer, x2: torch.Tensor, bias):
+        """The weight-only product for a small BF16 batch, or None where the W8A8 kernel runs."""
+        if x2.shape[0] > self.weight_only_max_m or x2.dtype != torch.bfloat16:
+            return None
+        from .triton_hopper import w8a16_gemm
+
+        return w8a16_gemm(x2, layer.weight, layer.mxfp8_converter.block_scale[0], self.block_rows, bias)
 
     def apply(self, layer, x, bias=None):
         from .triton_hopper import quantize_act_1x128, w8a8_gemm

@@ -1,12 +1,11 @@
-"""Which batches the weight-only FP8 GEMM serves: the dense backends' rule and the
+"""Which batches and layers the Triton backend serves with the weight-only FP8 GEMM, and the
 SGLANG_MXFP8_WEIGHT_ONLY switch (the kernel's numerics: test_triton_cpu.py, tests/gpu)."""
 
 import pytest
 import torch
 
 from sglang_mxfp8 import dense
-from sglang_mxfp8.blackwell import BlackwellCutlassDense, BlackwellTrtllmDense
-from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
+from sglang_mxfp8.dense import HopperTritonDense
 from sglang_mxfp8.resolver import Choice
 
 
@@ -40,13 +39,3 @@ def test_triton_backend_keeps_w8a8_for_wide_layers(n, expected, monkeypatch):
 def test_weight_only_switch_off(value, monkeypatch):
     monkeypatch.setenv(dense.WEIGHT_ONLY_ENV, value)
     assert _backend(HopperTritonDense).weight_only_max_m == 0
-    assert HopperTritonDense.weight_only_max_m == dense.WEIGHT_ONLY_MAX_M  # the class default is untouched
-
-
-@pytest.mark.parametrize("cls", (HopperFlashInferDense, BlackwellTrtllmDense, BlackwellCutlassDense))
-def test_backends_with_faster_small_batch_kernels_never_run_it(cls, monkeypatch):
-    """FlashInfer's SM90 GEMM beat the weight-only kernel at M <= 16 on the H200; Blackwell has MXFP8 MMA."""
-    monkeypatch.delenv(dense.WEIGHT_ONLY_ENV, raising=False)
-    be = _backend(cls)
-    assert be.weight_only_max_m == 0
-    assert be.weight_only(torch.nn.Module(), torch.randn(1, 256, dtype=torch.bfloat16), None) is None
