@@ -69,6 +69,8 @@ def startup_hook_status() -> str:
 
 
 def doctor(args) -> int:
+    from .dense import weight_only_max_m
+    from .flashinfer_sm90 import precompile_enabled
     from .gpu import flashinfer_available
 
     gpu = _gpu(args.gpu)
@@ -98,7 +100,12 @@ def doctor(args) -> int:
             continue
         try:
             choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=n, k=k, layer=kind)
-            print(f"  dense {kind} [{n} x {k}] x{count}: {choice}")
+            extra = ""
+            if choice.kernel == resolver.HOPPER_TRITON and weight_only_max_m(n):
+                extra = f"; weight-only FP8 GEMM for batches of up to {weight_only_max_m(n)} tokens"
+            elif choice.kernel == resolver.HOPPER_FLASHINFER and precompile_enabled():
+                extra = "; its kernels compiled while the model loads"
+            print(f"  dense {kind} [{n} x {k}] x{count}: {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  dense {kind}: ERROR {e}")
             status = 1

@@ -28,9 +28,11 @@ WEIGHT_ONLY_MAX_M = 16
 WEIGHT_ONLY_MAX_N = 5120
 
 
-def weight_only_enabled() -> bool:
-    """Weight-only FP8 GEMM for small batches on the Triton backend (on unless SGLANG_MXFP8_WEIGHT_ONLY=0)."""
-    return os.environ.get(WEIGHT_ONLY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+def weight_only_max_m(n: int) -> int:
+    """Largest BF16 batch the Triton backend serves with the weight-only FP8 GEMM on a layer of N outputs
+    (0: never; SGLANG_MXFP8_WEIGHT_ONLY=0 turns it off)."""
+    enabled = os.environ.get(WEIGHT_ONLY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return WEIGHT_ONLY_MAX_M if enabled and n <= WEIGHT_ONLY_MAX_N else 0
 
 
 class DenseBackend:
@@ -57,14 +59,11 @@ class HopperTritonDense(DenseBackend):
     kernel = resolver.HOPPER_TRITON
     block_rows = 1
 
-    def __init__(self, choice: resolver.Choice, layer_name: str):
-        super().__init__(choice, layer_name)
-        self.weight_only_max_m = WEIGHT_ONLY_MAX_M if weight_only_enabled() else 0  # BF16 batches up to this size
+    weight_only_max_m = 0  # set per layer by create_buffers
 
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         super().create_buffers(layer, n, k)
-        if n > WEIGHT_ONLY_MAX_N:
-            self.weight_only_max_m = 0
+        self.weight_only_max_m = weight_only_max_m(n)
 
     def weight_only(self, layer, x2: torch.Tensor, bias):
         """The weight-only product for a small BF16 batch, or None where the W8A8 kernel runs."""

@@ -120,6 +120,9 @@ def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
     assert "dense model.layers.N.mlp.down_proj [128 x 352] x2: hopper_triton_w8a8" in out  # K=352 not % 128
     assert "dense model.layers.N.mlp.up_proj [352 x 128] x2: hopper_triton_w8a8" in out  # N=352 not % 64
     assert "dense model.layers.N.self_attn.q_proj [128 x 128] x2: hopper_flashinfer_blockscale" in out
+    assert "; its kernels compiled while the model loads" in out
+    assert "down_proj [128 x 352] x2: hopper_triton_w8a8" in out
+    assert "; weight-only FP8 GEMM for batches of up to 16 tokens" in out
     assert cli(["doctor", "--gpu", "h200", "--model", str(dst), "--fp8-gemm-backend", "flashinfer_cutlass"]) == 1
     assert "cannot run MXFP8 on NVIDIA H200 (SM90)" in capsys.readouterr().out
 

@@ -9,15 +9,19 @@ from sglang_mxfp8.dense import HopperTritonDense
 from sglang_mxfp8.resolver import Choice
 
 
-def _backend(cls):
-    return cls(Choice(cls.kernel, "test"), "model.layers.0.self_attn.qkv_proj")
+def _triton_layer(n: int, k: int = 256):
+    """A Triton-backend layer as SGLang's loader builds it (weight, then the backend's buffers)."""
+    be = HopperTritonDense(Choice(HopperTritonDense.kernel, "test"), "model.layers.0.self_attn.qkv_proj")
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.zeros(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
+    be.create_buffers(layer, n, k)
+    return layer, be
 
 
 def test_triton_backend_serves_small_bf16_batches_weight_only(monkeypatch):
     monkeypatch.delenv(dense.WEIGHT_ONLY_ENV, raising=False)
-    be = _backend(HopperTritonDense)
+    layer, be = _triton_layer(2048)
     assert be.weight_only_max_m == dense.WEIGHT_ONLY_MAX_M == 16
-    layer = torch.nn.Module()  # the threshold is checked before the layer is read
     big = torch.randn(dense.WEIGHT_ONLY_MAX_M + 1, 256, dtype=torch.bfloat16)
     half = torch.randn(1, 256, dtype=torch.float16)
     assert be.weight_only(layer, big, None) is None  # the W8A8 kernel runs
@@ -28,14 +32,10 @@ def test_triton_backend_serves_small_bf16_batches_weight_only(monkeypatch):
 def test_triton_backend_keeps_w8a8_for_wide_layers(n, expected, monkeypatch):
     """4096->14336 ran faster on the W8A8 kernel at M <= 16 on the H200; N <= 5120 on the weight-only one."""
     monkeypatch.delenv(dense.WEIGHT_ONLY_ENV, raising=False)
-    be = _backend(HopperTritonDense)
-    layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.zeros(n, 256, dtype=torch.float8_e4m3fn), requires_grad=False)
-    be.create_buffers(layer, n, 256)
-    assert be.weight_only_max_m == expected
+    assert _triton_layer(n)[1].weight_only_max_m == expected == dense.weight_only_max_m(n)
 
 
 @pytest.mark.parametrize("value", ["0", "off", "False"])
 def test_weight_only_switch_off(value, monkeypatch):
     monkeypatch.setenv(dense.WEIGHT_ONLY_ENV, value)
-    assert _backend(HopperTritonDense).weight_only_max_m == 0
+    assert _triton_layer(2048)[1].weight_only_max_m == 0

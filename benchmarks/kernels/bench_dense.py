@@ -53,9 +53,9 @@ def make(cls, n, k):
     layer = Layer()
     layer.weight = torch.nn.Parameter(q, requires_grad=False)
     be = cls(Choice(cls.kernel, "bench"), "bench")
+    be.create_buffers(layer, n, k)
     if cls is HopperTritonDense:
         be.weight_only_max_m = 0  # its W8A8 kernel at every M; the weight-only kernel has its own column
-    be.create_buffers(layer, n, k)
     be.process_weights_after_loading(layer, s)
     return layer, be
 
