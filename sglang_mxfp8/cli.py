@@ -100,9 +100,9 @@ def doctor(args) -> int:
             continue
         try:
             choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=n, k=k, layer=kind)
-            extra = ""
-            if choice.kernel == resolver.HOPPER_TRITON and weight_only_max_m(n):
-                extra = f"; weight-only FP8 GEMM for batches of up to {weight_only_max_m(n)} tokens"
+            extra, small_m = "", weight_only_max_m(n)
+            if choice.kernel == resolver.HOPPER_TRITON and small_m:
+                extra = f"; weight-only FP8 GEMM for batches of up to {small_m} tokens"
             elif choice.kernel == resolver.HOPPER_FLASHINFER and precompile_enabled():
                 extra = "; its kernels compiled while the model loads"
             print(f"  dense {kind} [{n} x {k}] x{count}: {choice}{extra}")

@@ -8,12 +8,12 @@ tensors allocated once), ``process_weights_after_loading(layer)`` (idempotent, i
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional, Type
 
 import torch
 
 from . import resolver
+from .envs import env_switch
 from .gpu import current_gpu, flashinfer_available
 from .refit import BlockScaleConverter
 
@@ -31,8 +31,7 @@ WEIGHT_ONLY_MAX_N = 5120
 def weight_only_max_m(n: int) -> int:
     """Largest BF16 batch the Triton backend serves with the weight-only FP8 GEMM on a layer of N outputs
     (0: never; SGLANG_MXFP8_WEIGHT_ONLY=0 turns it off)."""
-    enabled = os.environ.get(WEIGHT_ONLY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-    return WEIGHT_ONLY_MAX_M if enabled and n <= WEIGHT_ONLY_MAX_N else 0
+    return WEIGHT_ONLY_MAX_M if env_switch(WEIGHT_ONLY_ENV, default=True) and n <= WEIGHT_ONLY_MAX_N else 0
 
 
 class DenseBackend:

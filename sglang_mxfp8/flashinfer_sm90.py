@@ -14,11 +14,12 @@ fp8_blockscale_gemm/fp8_blockscale_gemm_kernel.cuh) and ``get_best_gemm_config``
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Dict, NamedTuple, Optional
 
 import torch
+
+from .envs import env_switch
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def precompile_enabled() -> bool:
     """On unless SGLANG_MXFP8_FLASHINFER_PRECOMPILE=0. On the H200 no served round stalled with it; it
     took 84 s of a 4-layer Qwen3-MoE load (24 configs, 57 s of it FlashInfer's first compile, which a
     server without it pays at its first GEMM, during CUDA-graph capture)."""
-    return os.environ.get(PRECOMPILE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch(PRECOMPILE_ENV, default=True)
 
 
 _PRECOMPILED: set = set()  # (n, k, dtype, device) done in this process

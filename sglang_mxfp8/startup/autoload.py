@@ -7,8 +7,9 @@ spawns gets them too. ``SGLANG_MXFP8_DISABLE=1`` turns everything off.
 
 import importlib.abc
 import importlib.util
-import os
 import sys
+
+from sglang_mxfp8.envs import env_switch
 
 DISABLE_ENV = "SGLANG_MXFP8_DISABLE"
 
@@ -24,7 +25,7 @@ WATCHED = {
 
 
 def disabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_switch(DISABLE_ENV, default=False)
 
 
 def _run_patch(module_name: str) -> None:
