@@ -127,6 +127,23 @@ def w8a8_gemm(a_q, a_s, w, w_s, out_dtype=torch.bfloat16, bias=None):
 
 
 @triton.jit
+def _weight_only_dot(a_rows, mask_rows, b_rows, mask_n, s_rows, K, KB,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 [BLOCK_M, BLOCK_N] = A[rows] @ (e4m3 W[cols] x its per-128-K power-of-two scale)^T over all
+    of K. The weight is dequantized in A's dtype (exact in bf16) right before one tensor-core dot per tile."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, KB):
+        k = kb * BLOCK_K + offs_k
+        mk = k < K
+        a = tl.load(a_rows + k[None, :], mask=mask_rows[:, None] & mk[None, :], other=0.0)
+        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
+        acc = tl.dot(a, (b.to(tl.float32) * sb[None, :]).to(a.dtype), acc)
+    return acc
+
+
+@triton.jit
 def _w8a16_gemm_kernel(
     x_ptr, b_ptr, c_ptr, sb_ptr, bias_ptr,
     M, N, K, KB,
@@ -136,20 +153,12 @@ def _w8a16_gemm_kernel(
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m[:, None] * stride_xm
     b_rows = b_ptr + offs_n[None, :] * stride_bn
     s_rows = sb_ptr + (offs_n // SCALE_ROWS) * KB
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, KB):
-        k = kb * BLOCK_K + offs_k
-        mk = k < K
-        x = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & mk[None, :], other=0.0)
-        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
-        sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
-        acc = tl.dot(x, (b.to(tl.float32) * sb[None, :]).to(x.dtype), acc)
+    acc = _weight_only_dot(x_rows, mask_m, b_rows, mask_n, s_rows, K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     c = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
@@ -208,19 +217,11 @@ def _moe_w8a16_kernel(
     valid = ids < num_valid
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     a_rows = a_ptr + (ids // A_ROW_DIV)[:, None] * stride_am
     b_rows = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn
     s_rows = sb_ptr + expert * stride_se + (offs_n // 128) * stride_sn  # 128x128 blocks
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, KB):
-        k = kb * BLOCK_K + offs_k
-        mk = k < K
-        a = tl.load(a_rows + k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
-        sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
-        acc = tl.dot(a, (b.to(tl.float32) * sb[None, :]).to(a.dtype), acc)
+    acc = _weight_only_dot(a_rows, valid, b_rows, mask_n, s_rows, K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
     if MUL_ROUTED_WEIGHT:
         acc *= tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
     c = c_ptr + ids[:, None] * stride_cm + offs_n[None, :]
