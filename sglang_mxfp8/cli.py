@@ -114,7 +114,13 @@ def doctor(args) -> int:
         inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))
         try:
             choice = resolver.resolve_moe(gpu, args.moe_runner_backend, flashinfer=fi, hidden=hidden, intermediate=inter)
-            print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}")
+            extra = ""
+            if choice.kernel == resolver.HOPPER_TRITON_MOE:
+                from .moe_hopper import cutlass_prefill_min_tokens
+
+                if cutlass_prefill_min_tokens():
+                    extra = f"; batches of {cutlass_prefill_min_tokens()}+ tokens on SGLang's CUTLASS grouped MoE"
+            print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  MoE experts: ERROR {e}")
             status = 1

@@ -24,6 +24,7 @@ from . import __version__, checkpoint, resolver
 from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag
 from .gpu import current_gpu, flashinfer_available
 from .blackwell import CutlassMoeScales, cutlass_mxfp8_moe
+from .moe_hopper import CutlassGroupedMoE, cutlass_prefill_min_tokens, cutlass_prefill_unsupported
 from .refit import BlockScaleConverter, LoadTracker
 
 logger = logging.getLogger("sglang_mxfp8")
@@ -169,6 +170,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         super().__init__(quant_config)
         self.prefix = prefix
         self.choice: Optional[resolver.Choice] = None
+        self.prefill_min_tokens = 0  # batches this large run the CUTLASS grouped MoE (Hopper path; 0: never)
 
     @property
     def load_up_proj_weight_first(self) -> bool:
@@ -196,6 +198,9 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
             return
         layer.mxfp8_w13 = BlockScaleConverter(num_experts, layer.w13_weight.shape[1], hidden_size, 128, dev, f"{self.prefix}.w13")
         layer.mxfp8_w2 = BlockScaleConverter(num_experts, hidden_size, intermediate_size_per_partition, 128, dev, f"{self.prefix}.w2")
+        self.prefill_min_tokens = cutlass_prefill_min_tokens()
+        if self.prefill_min_tokens:
+            layer.mxfp8_prefill = CutlassGroupedMoE(num_experts, hidden_size, intermediate_size_per_partition, dev)
 
     def _scale(self, layer, w: str) -> torch.Tensor:
         return getattr(layer, f"{w}_{self.quant_config.scale_name}")
@@ -214,17 +219,28 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         self.moe_runner_config = moe_runner_config
         if self.choice.kernel == resolver.HOPPER_TRITON_MOE:
             self.runner = MoeRunner(MoeRunnerBackend.TRITON, moe_runner_config)
+            why_not = self.prefill_min_tokens and cutlass_prefill_unsupported(moe_runner_config, layer.moe_ep_size)
+            if why_not:
+                logger.info("%s: prefill batches stay on the Triton fused MoE: %s", self.prefix, why_not)
+                self.prefill_min_tokens = 0
 
     def apply(self, layer, dispatch_output):
-        if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
-            from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
+        from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
 
-            topk_weights, topk_ids, _ = dispatch_output.topk_output
+        x = dispatch_output.hidden_states
+        topk_weights, topk_ids, _ = dispatch_output.topk_output
+        if self.choice.kernel == resolver.SM100_FLASHINFER_CUTLASS_MOE:
             out = cutlass_mxfp8_moe(
-                dispatch_output.hidden_states, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight,
+                x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight,
                 layer.mxfp8_cutlass_scales, tp_size=layer.moe_tp_size, tp_rank=layer.moe_tp_rank,
                 ep_size=layer.moe_ep_size, ep_rank=layer.moe_ep_rank,
             )
+            return StandardCombineInput(hidden_states=out)
+        if self.prefill_min_tokens and x.shape[0] >= self.prefill_min_tokens:
+            out = layer.mxfp8_prefill(x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight,
+                                      layer.mxfp8_w13.block_scale, layer.mxfp8_w2.block_scale)
+            if self.moe_runner_config.routed_scaling_factor is not None:
+                out *= self.moe_runner_config.routed_scaling_factor
             return StandardCombineInput(hidden_states=out)
         quant_info = TritonMoeQuantInfo(
             w13_weight=layer.w13_weight,
