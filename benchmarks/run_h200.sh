@@ -10,6 +10,7 @@
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 #   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 kernels for small M: GPU tests, dense and MoE tile sweeps
 #   bash benchmarks/run_h200.sh tables    # dense (CUDA-graph timer) and MoE tables with every candidate kernel
+#   bash benchmarks/run_h200.sh prefill   # MoE GPU tests (weight-only, CUTLASS prefill path) + the MoE candidates table
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
@@ -98,10 +99,12 @@ stock)
 e2e)
   # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/flashinfer_sm90.py)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
-  # the Triton dense variant runs the weight-only GEMM at M <= 16 (sglang_mxfp8/dense.py)
-  timeout 570 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-4}" \
+  # MoE batches of 2048+ tokens on SGLang's CUTLASS grouped MoE unless SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0
+  # (sglang_mxfp8/quant_methods.py); the second MXFP8 server keeps them on the Triton fused MoE
+  timeout 580 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
-    --mx "triton dense=--fp8-gemm-backend triton --moe-runner-backend triton" --profile-steps 16
+    --mx "flashinfer dense no CUTLASS prefill=SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
+    --profile-steps 16
   ;;
 tp-shards)
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_tp2.md" --flashinfer --timer graph --tp 2 2>&1 | tail -30
@@ -135,6 +138,10 @@ w8a16)
   ;;
 tables)
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_graph.md" --flashinfer --timer graph 2>&1 | tail -25
+  python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md" 2>&1 | grep "^|"
+  ;;
+prefill)
+  python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md" 2>&1 | grep "^|"
   ;;
 tune)

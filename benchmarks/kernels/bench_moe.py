@@ -2,7 +2,9 @@
 weights) vs SGLang's BF16 Triton fused MoE in the same run, plus accuracy and weight memory; our
 weight-only MoE kernel (BF16 activations, no quantization launches) at decode batch sizes; and, as a
 candidate, SGLang's CUTLASS grouped block-FP8 MoE (sgl_kernel ``fp8_blockwise_scaled_grouped_mm``,
-``--moe-runner-backend cutlass`` for block-FP8 checkpoints) on the same converted weights.
+``--moe-runner-backend cutlass`` for block-FP8 checkpoints; what our Hopper MoE runs for prefill batches) on
+the same converted weights, also with its SM90 expert-specialized grouped GEMM
+(sgl_kernel ``es_fp8_blockwise_scaled_grouped_mm``).
 
 Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8.
 
@@ -24,6 +26,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from triton.testing import do_bench
 
 from sglang_mxfp8.numerics import quantize_mxfp8
+from sglang_mxfp8.moe_hopper import CutlassGroupedMoE
 from sglang_mxfp8.refit import BlockScaleConverter
 from sglang_mxfp8.triton_hopper import moe_w8a16
 
@@ -32,7 +35,7 @@ from gpu_timer import graph_us  # noqa: E402
 from plot_speedup import plot_beside  # noqa: E402
 
 E, H, I, TOPK = 128, 2048, 768, 8
-MS = [1, 16, 64, 128, 256, 1024, 4096, 8192]
+MS = [1, 16, 64, 128, 256, 1024, 2048, 4096, 8192]
 WEIGHT_ONLY_MAX = 256  # our weight-only MoE kernel is meant for decode batches
 
 
@@ -60,28 +63,14 @@ def experts(inter: int, gen):
     return w13_16, w2_16, q13, q2, c13, c2, mx_bytes
 
 
-def cutlass_grouped(q13, q2, s13, s2):
-    """SGLang's CUTLASS grouped block-FP8 MoE on our converted weights: a callable (x, tw, ids) -> out."""
-    from sglang.srt.layers.moe.cutlass_moe import cutlass_fused_experts_fp8
-
-    e, n2, h = q13.shape
-    dev = q13.device
-    i64 = dict(dtype=torch.int64, device=dev)
-    bufs = dict(
-        a1_strides=torch.full((e,), h, **i64), c1_strides=torch.full((e,), n2, **i64),
-        a2_strides=torch.full((e,), n2 // 2, **i64), c2_strides=torch.full((e,), h, **i64),
-        workspace=torch.empty(7182 * 1024, dtype=torch.uint8, device=dev),  # SGLang's own size
-        **{name: torch.empty(e, **i64) for name in ("a_ptrs", "b_ptrs", "out_ptrs", "a_scales_ptrs", "b_scales_ptrs")},
-        expert_offsets=torch.empty(e + 1, dtype=torch.int32, device=dev),
-        problem_sizes1=torch.empty(e, 3, dtype=torch.int32, device=dev),
-        problem_sizes2=torch.empty(e, 3, dtype=torch.int32, device=dev),
-    )
-
-    def run(x, tw, ids):
-        return cutlass_fused_experts_fp8(x, q13.transpose(1, 2), q2.transpose(1, 2), s13.transpose(1, 2),
-                                         s2.transpose(1, 2), tw, ids, use_fp8_blockscale=True, **bufs)
-
-    return run
+def candidate(run, ref, bf16_us) -> str:
+    """Table cells 'graph us (ratio to BF16) | rel. error vs BF16' for one MoE call, or why it failed."""
+    try:
+        got = run().float()
+        us = graph_us([run])
+        return f"{us:.1f} ({bf16_us / us:.2f}x) | {((got - ref).norm() / ref.norm()).item():.4f}"
+    except Exception as e:  # noqa: BLE001 - a kernel missing from this sgl_kernel build: say so in the table
+        return f"failed: {type(e).__name__}: {str(e)[:80]} | n/a"
 
 
 def main():
@@ -101,10 +90,12 @@ def main():
              f"{mx_bytes / 2**20:.1f} MiB / {bf16_bytes / 2**20:.1f} MiB = {mx_bytes / bf16_bytes:.3f}x", "",
              "| tokens | BF16 us | MXFP8 us | speedup | BF16 graph us | MXFP8 graph us | graph speedup | rel. error vs BF16 "
              f"| weight-only MXFP8 graph us (ratio), tokens <= {WEIGHT_ONLY_MAX} "
-             "| CUTLASS grouped MXFP8 graph us (ratio) | CUTLASS rel. error vs BF16 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| CUTLASS grouped MXFP8 graph us (ratio) | CUTLASS rel. error vs BF16 "
+             "| CUTLASS expert-specialized graph us (ratio) | its rel. error vs BF16 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     print(lines[1], flush=True)
-    cutlass = cutlass_grouped(q13, q2, c13.block_scale, c2.block_scale)
+    cutlass = CutlassGroupedMoE(E, H, inter, "cuda")
+    cutlass_es = CutlassGroupedMoE(E, H, inter, "cuda", expert_specialized=True)
     for m in MS:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
         tw, ids = routing(m, gen)
@@ -125,16 +116,12 @@ def main():
         if m <= WEIGHT_ONLY_MAX:
             gw = graph_us([lambda: moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids)])
             wo = f"{gw:.1f} ({g16 / gw:.2f}x)"
-        try:
-            got = cutlass(x, tw, ids).float()
-            gc = graph_us([lambda: cutlass(x, tw, ids)])
-            cut = f"{gc:.1f} ({g16 / gc:.2f}x) | {((got - ref).norm() / ref.norm()).item():.4f}"
-        except Exception as e:  # noqa: BLE001 - a kernel missing from this sgl_kernel build: say so in the table
-            cut = f"failed: {type(e).__name__}: {str(e)[:80]} | n/a"
+        cut = " | ".join(candidate(lambda: run(x, tw, ids, q13, q2, c13.block_scale, c2.block_scale), ref, g16)
+                         for run in (cutlass, cutlass_es))
         lines.append(f"| {m} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {g16:.1f} | {g8:.1f} | {g16 / g8:.2f}x | {rel:.4f} "
                      f"| {wo} | {cut} |")
         print(lines[-1], flush=True)
-    open(args.out, "w").write("\n".join(lines) + "\n")
+        open(args.out, "w").write("\n".join(lines) + "\n")  # each row kept should a later kernel fault
     plot_beside(args.out, "MoE layer, MXFP8 vs BF16, " + torch.cuda.get_device_name(), target=1.5)
 
 
