@@ -47,17 +47,20 @@ def write_tokenizer(out: Path, vocab: int) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(out)
 
 
-def write_qwen3_moe(out: str | Path, seed: int = 0, std: float = 0.05, tokenizer: bool = False, **dims) -> Path:
-    """Write config.json + model.safetensors (+ a tokenizer) of a random Qwen3-MoE; returns the folder."""
+def write_qwen3_moe(out: str | Path, seed: int = 0, std: float = 0.05, tokenizer: bool = False, device: str = "cpu",
+                    **dims) -> Path:
+    """Write config.json + model.safetensors (+ a tokenizer) of a random Qwen3-MoE; returns the folder.
+    device: where the random numbers are drawn ("cuda" writes a full-width model in seconds, not minutes;
+    the values then differ from the CPU ones for the same seed)."""
     cfg = qwen3_moe_config(**dims)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     h, inter, e, hd = cfg["hidden_size"], cfg["moe_intermediate_size"], cfg["num_experts"], cfg["head_dim"]
     nq, nkv, vocab = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
 
     def rnd(*shape, scale=std):
-        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16)
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(torch.bfloat16).cpu()
 
     t = {"model.embed_tokens.weight": rnd(vocab, h, scale=1.0), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16),
          "lm_head.weight": rnd(vocab, h)}

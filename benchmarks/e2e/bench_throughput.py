@@ -161,7 +161,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     bf16, mx = work / "bf16", work / "mxfp8"
     if not (bf16 / "config.json").is_file():
-        write_qwen3_moe(bf16, layers=args.layers, **QWEN3_30B_A3B)
+        write_qwen3_moe(bf16, layers=args.layers, device="cuda", **QWEN3_30B_A3B)
     if not (mx / "config.json").is_file():
         convert(bf16, mx, force=True)
 
