@@ -43,8 +43,9 @@ def cutlass_prefill_unsupported(config, ep_size: int) -> Optional[str]:
 class CutlassGroupedMoE:
     """SGLang's CUTLASS grouped block-FP8 MoE (sgl_kernel ``fp8_blockwise_scaled_grouped_mm``) on the
     converted weights, for prefill batches. It reads transposed views of the FP8 weights and their 128x128
-    scales (nothing copied). Its stride, pointer and workspace tensors are rewritten by every call, so the
-    layers of one shape on one device, which run one after another on the stream, share one set.
+    scales (nothing copied). Its pointer, problem-size and workspace tensors are rewritten by every call and
+    its strides depend only on the layer shape, so the layers of one shape on one device, which run one
+    after another on the stream, share one set.
     expert_specialized: both GEMMs through sgl_kernel's SM90 expert-specialized grouped GEMM."""
 
     _scratch: Dict[tuple, Dict[str, torch.Tensor]] = {}
