@@ -100,8 +100,9 @@ e2e)
   # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/flashinfer_sm90.py)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
   # MoE batches of 2048+ tokens run SGLang's CUTLASS grouped MoE (sglang_mxfp8/moe_hopper.py). Two servers
-  # at 8 layers fit the 10-minute command; E2E_MX="NAME=[ENV=VALUE ...] FLAGS" adds an MXFP8 variant, e.g.
-  # E2E_LAYERS=4 E2E_MX="no CUTLASS prefill=SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
+  # at 8 layers fit the 10-minute command (each FlashInfer server precompiles for 1.5-3 min);
+  # E2E_MX="NAME=[ENV=VALUE ...] FLAGS" adds an MXFP8 variant, e.g.
+  # PRECOMPILE=0 E2E_LAYERS=4 E2E_MX="no CUTLASS prefill=SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   timeout 580 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
     ${E2E_MX:+--mx "$E2E_MX"} \
