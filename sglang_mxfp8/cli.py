@@ -72,6 +72,7 @@ def doctor(args) -> int:
     from .dense import weight_only_max_m
     from .flashinfer_sm90 import precompile_enabled
     from .gpu import flashinfer_available
+    from .moe_hopper import cutlass_prefill_min_tokens
 
     gpu = _gpu(args.gpu)
     fi = flashinfer_available()
@@ -114,12 +115,9 @@ def doctor(args) -> int:
         inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))
         try:
             choice = resolver.resolve_moe(gpu, args.moe_runner_backend, flashinfer=fi, hidden=hidden, intermediate=inter)
-            extra = ""
-            if choice.kernel == resolver.HOPPER_TRITON_MOE:
-                from .moe_hopper import cutlass_prefill_min_tokens
-
-                if cutlass_prefill_min_tokens():
-                    extra = f"; batches of {cutlass_prefill_min_tokens()}+ tokens on SGLang's CUTLASS grouped MoE"
+            extra, prefill_tokens = "", cutlass_prefill_min_tokens()
+            if choice.kernel == resolver.HOPPER_TRITON_MOE and prefill_tokens:
+                extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
             print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  MoE experts: ERROR {e}")

@@ -8,22 +8,22 @@ import pytest
 import torch
 from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
 
-from sglang_mxfp8 import moe_hopper as qm
+from sglang_mxfp8 import moe_hopper
 
 QWEN3 = MoeRunnerConfig(num_experts=128, num_local_experts=128, hidden_size=2048, intermediate_size_per_partition=768,
                         top_k=8, params_dtype=torch.bfloat16)
 
 
 def test_prefill_batches_take_cutlass_by_default(monkeypatch):
-    monkeypatch.delenv(qm.CUTLASS_PREFILL_ENV, raising=False)
-    assert qm.cutlass_prefill_min_tokens() == qm.CUTLASS_PREFILL_MIN_TOKENS == 2048
-    assert qm.cutlass_prefill_unsupported(QWEN3, ep_size=1) is None
+    monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
+    assert moe_hopper.cutlass_prefill_min_tokens() == moe_hopper.CUTLASS_PREFILL_MIN_TOKENS == 2048
+    assert moe_hopper.cutlass_prefill_unsupported(QWEN3, ep_size=1) is None
 
 
 @pytest.mark.parametrize("value", ["0", "off", "False"])
 def test_prefill_switch_off(value, monkeypatch):
-    monkeypatch.setenv(qm.CUTLASS_PREFILL_ENV, value)
-    assert qm.cutlass_prefill_min_tokens() == 0
+    monkeypatch.setenv(moe_hopper.CUTLASS_PREFILL_ENV, value)
+    assert moe_hopper.cutlass_prefill_min_tokens() == 0
 
 
 @pytest.mark.parametrize("change,ep_size,why", [
@@ -36,13 +36,13 @@ def test_prefill_switch_off(value, monkeypatch):
     ({}, 2, "expert parallel size 2"),
 ])
 def test_layers_the_cutlass_moe_cannot_compute_stay_on_triton(change, ep_size, why):
-    assert why in qm.cutlass_prefill_unsupported(dataclasses.replace(QWEN3, **change), ep_size)
+    assert why in moe_hopper.cutlass_prefill_unsupported(dataclasses.replace(QWEN3, **change), ep_size)
 
 
 def test_scratch_is_allocated_once_per_shape_and_shared_by_layers():
-    a = qm.CutlassGroupedMoE(16, 512, 256, "cpu")
-    b = qm.CutlassGroupedMoE(16, 512, 256, "cpu", expert_specialized=True)
-    other = qm.CutlassGroupedMoE(16, 512, 128, "cpu")
+    a = moe_hopper.CutlassGroupedMoE(16, 512, 256, "cpu")
+    b = moe_hopper.CutlassGroupedMoE(16, 512, 256, "cpu", expert_specialized=True)
+    other = moe_hopper.CutlassGroupedMoE(16, 512, 128, "cpu")
     assert a.scratch is b.scratch and other.scratch is not a.scratch
     assert (a.enable_es, b.enable_es) == ((False, False), (True, True))
     s = a.scratch
@@ -61,11 +61,11 @@ def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch):
     mx = tmp_path / "mx"
     convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
     doctor = ["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "triton"]
-    monkeypatch.delenv(qm.CUTLASS_PREFILL_ENV, raising=False)
+    monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
     assert cli(doctor) == 0
     line = next(s for s in capsys.readouterr().out.splitlines() if "MoE experts" in s)
     assert line.startswith("  MoE experts (hidden 256, intermediate 128): hopper_triton_moe")
     assert line.endswith("; batches of 2048+ tokens on SGLang's CUTLASS grouped MoE")
-    monkeypatch.setenv(qm.CUTLASS_PREFILL_ENV, "0")
+    monkeypatch.setenv(moe_hopper.CUTLASS_PREFILL_ENV, "0")
     assert cli(doctor) == 0
     assert "CUTLASS grouped" not in capsys.readouterr().out
