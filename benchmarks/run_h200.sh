@@ -12,6 +12,7 @@
 #   bash benchmarks/run_h200.sh tables    # dense (CUDA-graph timer) and MoE tables with every candidate kernel
 #   bash benchmarks/run_h200.sh prefill   # MoE GPU tests (weight-only, CUTLASS prefill path) + the MoE candidates table
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
+#   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own)
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
@@ -95,6 +96,12 @@ stock)
   timeout 300 python3 -m sglang.launch_server --model-path /tmp/st_mx --fp8-gemm-backend flashinfer_trtllm \
     --moe-runner-backend flashinfer_cutlass --skip-tokenizer-init --attention-backend triton > "$OUT/stock.log" 2>&1
   echo "stock command exit code $? after $(( $(date +%s) - start )) s; last line:"; tail -n 1 "$OUT/stock.log"
+  ;;
+e2e-prep)
+  # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints
+  python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4
+  python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" --prepare-only
+  df -h /tmp | tail -1
   ;;
 e2e)
   # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/flashinfer_sm90.py)

@@ -130,6 +130,12 @@ def profile_tables(profiles: dict, top: int = 12) -> list:
     return lines
 
 
+def layer_count(ckpt: Path):
+    """Layers of the checkpoint already in ``ckpt`` (None if there is none): a kept one is reused only at the same depth."""
+    cfg = ckpt / "config.json"
+    return json.loads(cfg.read_text())["num_hidden_layers"] if cfg.is_file() else None
+
+
 def split_env(flags: str):
     """'KEY=VALUE ... --flag ...' -> ({KEY: VALUE}, '--flag ...'): leading assignments set the server's environment."""
     words = shlex.split(flags)
@@ -156,14 +162,21 @@ def main():
     ap.add_argument("--decode-tokens", type=int, default=512)
     ap.add_argument("--port", type=int, default=30600)
     ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many batch-1 decode steps")
+    ap.add_argument("--prepare-only", action="store_true",
+                    help="write and convert the checkpoints in --workdir, then exit (a deep model's preparation "
+                         "can take a command of its own; a later run at the same --layers reuses them)")
     args = ap.parse_args()
     out, work = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     bf16, mx = work / "bf16", work / "mxfp8"
-    if not (bf16 / "config.json").is_file():
+    fresh = layer_count(bf16) != args.layers
+    if fresh:
         write_qwen3_moe(bf16, layers=args.layers, device="cuda", **QWEN3_30B_A3B)
-    if not (mx / "config.json").is_file():
+    if fresh or layer_count(mx) != args.layers:
         convert(bf16, mx, force=True)
+    if args.prepare_only:
+        print(f"{bf16} and {mx}: {args.layers} layers, ready", flush=True)
+        return
 
     variants = [("BF16", bf16, args.flags, {})]
     for spec in args.mx or ["triton=--fp8-gemm-backend triton --moe-runner-backend triton"]:
