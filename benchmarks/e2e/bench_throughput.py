@@ -17,8 +17,8 @@ time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
         --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
 
 Writes OUT/e2e.md (table, MXFP8/BF16 ratios measured in this run), OUT/e2e.json, OUT/e2e.png if matplotlib is there.
-With --profile-steps N: also where a batch-1 decode step spends its GPU time, per server (SGLang's
-/start_profile over N decode steps of a running request; kernels summed by name), in OUT/e2e.md.
+With --profile-steps N: also where a decode step spends its GPU time at each --profile-batch (default 1),
+per server (SGLang's /start_profile over N decode steps of running requests; kernels summed by name), in OUT/e2e.md.
 """
 
 import argparse
@@ -87,17 +87,20 @@ def measure(port: int, args) -> dict:
     return result
 
 
-def profile_decode(port: int, steps: int, trace_dir: Path, rng=random.Random(1)) -> list:
-    """[(kernel, calls per step, us per step)] over ``steps`` batch-1 decode steps, then a total row."""
+def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1) -> list:
+    """[(kernel, calls per step, us per step)] over ``steps`` decode steps of ``batch`` running requests, then a total row."""
     trace_dir.mkdir(parents=True, exist_ok=True)
-    ids = [rng.randrange(1000, 150000) for _ in range(64)]
-    with ThreadPoolExecutor(1) as pool:
-        # long enough to still be decoding when profiling starts (~2 ms per step here)
-        running = pool.submit(generate, port, ids, 2048)
-        time.sleep(0.5)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(1000, 150000) for _ in range(64)] for _ in range(batch)]
+    with ThreadPoolExecutor(batch) as pool:
+        # long enough to still be decoding when profiling starts (2-4 ms per step here); the short
+        # prompts of a batch are all prefilled within the first second
+        running = [pool.submit(generate, port, ids, 2048) for ids in prompts]
+        time.sleep(0.5 if batch == 1 else 2.0)
         requests.post(f"http://127.0.0.1:{port}/start_profile", timeout=60, json={
             "output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"]}).raise_for_status()
-        running.result()
+        for r in running:
+            r.result()
     for _ in range(60):  # the trace is written after the last profiled step
         traces = sorted(trace_dir.glob("*.trace.json.gz"))
         if traces:
@@ -123,7 +126,7 @@ def kernel_times(trace: Path, steps: int) -> list:
 def profile_tables(profiles: dict, top: int = 12) -> list:
     lines = []
     for name, rows in profiles.items():
-        lines += ["", f"GPU time of one batch-1 decode step, {name} (top {top} kernels by time):", "",
+        lines += ["", f"GPU time of one decode step, {name} (top {top} kernels by time):", "",
                   "| kernel | calls/step | us/step |", "|---|---|---|"]
         for kernel, calls, us in rows[:top] + rows[-1:]:
             lines.append(f"| {kernel[:90]} | {calls:.1f} | {us:.1f} |")
@@ -161,7 +164,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds per concurrency (median reported)")
     ap.add_argument("--decode-tokens", type=int, default=512)
     ap.add_argument("--port", type=int, default=30600)
-    ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many batch-1 decode steps")
+    ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many decode steps per --profile-batch")
+    ap.add_argument("--profile-batch", type=int, nargs="+", default=[1], help="decode batch sizes to profile")
     ap.add_argument("--prepare-only", action="store_true",
                     help="write and convert the checkpoints in --workdir, then exit (a deep model's preparation "
                          "can take a command of its own; a later run at the same --layers reuses them)")
@@ -191,12 +195,14 @@ def main():
             s.wait(timeout=900)
             results[name] = measure(args.port, args)
             print(name, results[name], flush=True)
-            if args.profile_steps:
+            for batch in args.profile_batch if args.profile_steps else ():
+                key = f"{name}, batch {batch}"
                 try:
-                    profiles[name] = profile_decode(args.port, args.profile_steps, work / "traces" / name.replace(" ", "_"))
-                    print("\n".join(profile_tables({name: profiles[name]})), flush=True)
+                    profiles[key] = profile_decode(args.port, args.profile_steps,
+                                                   work / "traces" / f"{name}_b{batch}".replace(" ", "_"), batch)
+                    print("\n".join(profile_tables({key: profiles[key]})), flush=True)
                 except (RuntimeError, requests.RequestException) as e:  # keep the throughput numbers
-                    print(f"{name}: decode profile failed: {e}", flush=True)
+                    print(f"{key}: decode profile failed: {e}", flush=True)
         finally:
             s.stop()
         (out / "e2e.json").write_text(json.dumps({"results": results, "commands": commands, "args": vars(args),
