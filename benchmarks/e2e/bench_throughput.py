@@ -29,6 +29,7 @@ import re
 import shlex
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -87,16 +88,40 @@ def measure(port: int, args) -> dict:
     return result
 
 
-def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1) -> list:
-    """[(kernel, calls per step, us per step)] over ``steps`` decode steps of ``batch`` running requests, then a total row."""
+def stream_until(port: int, ids, new_tokens: int, at: int, reached: threading.Event) -> int:
+    """Generate as a stream; set ``reached`` once ``at`` tokens are out (or the request ends)."""
+    done = 0
+    try:
+        with requests.post(f"http://127.0.0.1:{port}/generate", stream=True, timeout=600, json={
+                "input_ids": ids, "stream": True,
+                "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}}) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    done = json.loads(line[len(b"data: "):])["meta_info"]["completion_tokens"]
+                    if done >= at:
+                        reached.set()
+    finally:
+        reached.set()
+    return done
+
+
+def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_token: int = 256) -> list:
+    """[(kernel, calls per step, us per step)] over ``steps`` decode steps of ``batch`` running requests, then a total row.
+
+    Profiling starts when the requests have generated ``at_token`` tokens, so every server is profiled at
+    the same KV length (attention time grows with it; a wall-clock wait would favour the slower server).
+    """
     trace_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(1)
     prompts = [[rng.randrange(1000, 150000) for _ in range(64)] for _ in range(batch)]
+    reached = threading.Event()
     with ThreadPoolExecutor(batch) as pool:
-        # long enough to still be decoding when profiling starts (2-4 ms per step here); the short
-        # prompts of a batch are all prefilled within the first second
-        running = [pool.submit(generate, port, ids, 2048) for ids in prompts]
-        time.sleep(0.5 if batch == 1 else 2.0)
+        # 64-token prompts: the whole batch is prefilled together, so all requests stay in step
+        running = [pool.submit(stream_until, port, prompts[0], at_token + 4 * steps, at_token, reached)]
+        running += [pool.submit(generate, port, ids, at_token + 4 * steps) for ids in prompts[1:]]
+        if not reached.wait(timeout=300):
+            raise RuntimeError(f"no {at_token} tokens within 300 s")
         requests.post(f"http://127.0.0.1:{port}/start_profile", timeout=60, json={
             "output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"]}).raise_for_status()
         for r in running:
