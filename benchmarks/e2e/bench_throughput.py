@@ -138,12 +138,17 @@ def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_to
 
 
 def kernel_times(trace: Path, steps: int) -> list:
-    """From a torch profiler trace (.json.gz): [(kernel, calls per step, us per step)] by time, then a total."""
+    """From a torch profiler trace (.json.gz): [(kernel, calls per step, us per step)] by time, then a total.
+
+    Steps are counted in the trace by the greedy sampler's argmax (one launch per step; the window can
+    hold one step fewer than asked for), else taken as ``steps``.
+    """
     kernels = {}
     for e in json.load(gzip.open(trace))["traceEvents"]:
         if e.get("cat") == "kernel":
             calls, us = kernels.get(e["name"], (0, 0.0))
             kernels[e["name"]] = (calls + 1, us + e.get("dur", 0.0))
+    steps = sum(c for name, (c, _) in kernels.items() if "ArgMaxOps" in name) or steps
     rows = sorted(((name, c / steps, us / steps) for name, (c, us) in kernels.items()), key=lambda r: -r[2])
     return rows + [("all kernels", sum(r[1] for r in rows), sum(r[2] for r in rows))]
 
