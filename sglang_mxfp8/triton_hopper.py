@@ -267,3 +267,125 @@ def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_
     down = torch.empty((m * top_k, w2.shape[1]), dtype=x.dtype, device=x.device)
     _moe_gemm(act, w2, s2, down, sorted_ids, expert_ids, padded, topk_weights.reshape(-1), 1, cfg)
     return down.view(m, top_k, -1).sum(dim=1)
+
+
+@triton.jit
+def _gemv_dot(x_ptr, up_offset, w_rows, mask_n, s_rows, K, KB,
+              GATED: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    """float32 [BLOCK_N] = W[rows] (e4m3 x its per-128-K power-of-two scale) . a over all of K, on CUDA
+    cores, GROUPS 128-wide K groups per loop step. a = x[:K], or silu(x[:K]) * x[up_offset:][:K] rounded to
+    x's dtype when GATED (SGLang's silu_and_mul, fused into the load)."""
+    offs = tl.arange(0, 128)
+    acc = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
+    for kb0 in range(0, KB, GROUPS):
+        for g in tl.static_range(GROUPS):
+            kb = kb0 + g
+            k = kb * 128 + offs
+            mk = k < K
+            a = tl.load(x_ptr + k, mask=mk, other=0.0).to(tl.float32)
+            if GATED:
+                up = tl.load(x_ptr + up_offset + k, mask=mk, other=0.0).to(tl.float32)
+                a = (a * tl.sigmoid(a) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
+            w = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0).to(tl.float32)
+            s = tl.load(s_rows + kb, mask=mask_n & (kb < KB), other=0.0)
+            acc += w * a[None, :] * s[:, None]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _w8a16_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, N, K, KB, stride_wn, stride_sn,
+                       SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    acc = _gemv_dot(x_ptr, 0, w_ptr + offs_n[:, None] * stride_wn, mask_n, s_ptr + (offs_n // SCALE_ROWS) * stride_sn,
+                    K, KB, False, BLOCK_N, GROUPS)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
+
+
+# untuned starting point (benchmarks/kernels/sweep_triton.py --kernel gemv sweeps it)
+GEMV_CONFIG = dict(BLOCK_N=16, GROUPS=2, num_warps=4, num_stages=3)
+
+
+def w8a16_gemv(x, w, w_s, scale_rows: int = 1, bias=None, config: dict | None = None):
+    """One token: x [1, K] bf16, w [N, K] e4m3, w_s [ceil(N / scale_rows), KB] f32 powers of two -> [1, N]
+    bf16. A weight-streaming dot product per output row on CUDA cores: no 16-row tensor-core tile for
+    one row and no activation quantization, so the time is the weight bytes over the memory bandwidth."""
+    if x.dtype != torch.bfloat16 or x.shape[0] != 1:
+        raise TypeError(f"w8a16_gemv takes one bfloat16 token (got {x.dtype} {tuple(x.shape)})")
+    return _w8a16_gemv(x, w, w_s, scale_rows, bias, config)
+
+
+def _w8a16_gemv(x, w, w_s, scale_rows, bias, config):
+    """The launch, for any float activation dtype."""
+    x = x.contiguous()
+    n, k = w.shape
+    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    cfg = dict(config or GEMV_CONFIG)
+    _w8a16_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+        x, w, w_s, bias if bias is not None else y, y, n, k, triton.cdiv(k, GROUP_K), w.stride(0), w_s.stride(0),
+        SCALE_ROWS=scale_rows, HAS_BIAS=bias is not None, **cfg,
+    )
+    return y
+
+
+@triton.jit
+def _moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, up_ptr, N, K, KB,
+                        stride_we, stride_wn, stride_se, stride_sn, stride_up,
+                        BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    """up[slot] = W13[expert of slot] . x, one program per (BLOCK_N rows, slot)."""
+    slot = tl.program_id(1)
+    expert = tl.load(ids_ptr + slot).to(tl.int64)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = (offs_n < N) & (expert >= 0)
+    acc = _gemv_dot(x_ptr, 0, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
+                    s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, K, KB, False, BLOCK_N, GROUPS)
+    tl.store(up_ptr + slot * stride_up + offs_n, acc.to(up_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB,
+                          stride_up, stride_we, stride_wn, stride_se, stride_sn,
+                          TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    """y = sum over slots of weight[slot] * W2[expert of slot] . silu_and_mul(up[slot]): the down
+    projection, the activation, the routing weights and the sum over experts in one launch."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for slot in tl.static_range(TOP_K):
+        expert = tl.load(ids_ptr + slot).to(tl.int64)
+        mask_n = (offs_n < N) & (expert >= 0)
+        acc = _gemv_dot(up_ptr + slot * stride_up, I, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
+                        s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, I, KB, True, BLOCK_N, GROUPS)
+        total += tl.load(tw_ptr + slot).to(tl.float32) * acc
+    tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+def moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config: dict | None = None):
+    """One token's fused MoE in two launches, on the checkpoint's FP8 experts: x [1, H] bf16; w13 [E, 2I, H]
+    e4m3 ([gate; up] rows), w2 [E, H, I] e4m3, their 128x128 power-of-two scales; topk_weights / topk_ids
+    [1, top_k] (an id < 0 adds nothing) -> [1, H]. No token sorting, no activation quantization, no
+    separate activation or sum kernel: what a batch-1 decode step's MoE is otherwise made of."""
+    if x.dtype != torch.bfloat16 or x.shape[0] != 1:
+        raise TypeError(f"moe_gemv takes one bfloat16 token (got {x.dtype} {tuple(x.shape)})")
+    return _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config)
+
+
+def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config):
+    """The launches, for any float activation dtype."""
+    cfg = dict(config or GEMV_CONFIG)
+    block_n = cfg.pop("BLOCK_N")
+    h, n13, inter, top_k = x.shape[1], w13.shape[1], w2.shape[2], topk_ids.shape[1]
+    ids, tw = topk_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous()
+    up = torch.empty((top_k, n13), dtype=x.dtype, device=x.device)
+    _moe_gemv_up_kernel[(triton.cdiv(n13, block_n), top_k)](
+        x.contiguous(), w13, s13, ids, up, n13, h, triton.cdiv(h, GROUP_K),
+        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), up.stride(0), BLOCK_N=block_n, **cfg,
+    )
+    y = torch.empty((1, h), dtype=x.dtype, device=x.device)
+    _moe_gemv_down_kernel[(triton.cdiv(h, block_n),)](
+        up, w2, s2, ids, tw, y, h, inter, triton.cdiv(inter, GROUP_K),
+        up.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
+        TOP_K=top_k, BLOCK_N=block_n, **cfg,
+    )
+    return y

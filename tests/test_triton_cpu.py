@@ -132,3 +132,70 @@ def test_interpreted_weight_only_moe_matches_float64_reference():
     p = run_python(MOE_WEIGHT_ONLY, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert float(p.stdout.split()[-1]) < 1e-5  # exact expert weights, fp32 operands and accumulation
+
+
+GEMV = r"""
+import torch
+import torch.nn.functional as F
+from sglang_mxfp8 import triton_hopper as th
+from sglang_mxfp8.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
+from sglang_mxfp8.refit import BlockScaleConverter
+
+torch.manual_seed(3)
+worst = 0.0
+for n, k in [(64, 128), (200, 352), (130, 256), (96, 96), (300, 544)]:  # N and K tails, K % 128 != 0
+    x = torch.randn(1, k) * torch.logspace(-2, 2, k)
+    w, ws = quantize_mxfp8(torch.randn(n, k) * torch.logspace(-3, 1, n)[:, None])
+    bias = torch.randn(n)
+    for rows in (1, 128):  # our Triton layout (per row) and FlashInfer's (128x128)
+        bs, _ = convert_to_block_scales(w, ws, rows)
+        deq = dequantize_block_fp8(w, bs, rows).double()
+        for cfg in (None, dict(BLOCK_N=8, GROUPS=3, num_warps=2, num_stages=2)):
+            for b in (None, bias):
+                # float32 activation: the interpreter truncates to bf16 (the GPU rounds; tested in tests/gpu)
+                out = th._w8a16_gemv(x, w, bs, rows, b, cfg)
+                ref = x.double() @ deq.t() + (0 if b is None else b.double())
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                assert out.shape == (1, n) and err == err, (n, k, rows)  # NaN would slip through max()
+                worst = max(worst, err)
+for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 256, 256, 4)]:
+    w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h) * 0.05)
+    w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter) * 0.05)
+    c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13.refresh(w13, s13)
+    c2 = BlockScaleConverter(e_count, h, inter, 128, "cpu", "w2"); c2.refresh(w2, s2)
+    x = torch.randn(1, h)
+    tw, ids = torch.topk(torch.softmax(torch.randn(1, e_count), -1), top_k, dim=-1)
+    tw, ids = (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
+    per_slot = []
+    for j in range(top_k):
+        e = int(ids[0, j])
+        gate_up = dequantize_block_fp8(w13[e], c13.block_scale[e], 128).double() @ x[0].double()
+        down = dequantize_block_fp8(w2[e], c2.block_scale[e], 128).double()
+        per_slot.append(tw[0, j] * (down @ (F.silu(gate_up[:inter]) * gate_up[inter:])))
+    ref = sum(per_slot)
+    for cfg in (None, dict(BLOCK_N=32, GROUPS=1, num_warps=2, num_stages=2)):
+        out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, cfg)
+        err = ((out[0].double() - ref).norm() / ref.norm()).item()
+        assert out.shape == (1, h) and err == err, (e_count, h, inter)
+        worst = max(worst, err)
+    dropped = ids.clone()
+    dropped[0, -1] = -1  # an expert id < 0 (not on this rank) adds nothing
+    out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, dropped, None)
+    rest = sum(per_slot[:-1])
+    worst = max(worst, ((out[0].double() - rest).norm() / rest.norm()).item())
+for bad in (torch.randn(1, 64).half(), torch.randn(2, 64).bfloat16()):
+    for call in (lambda: th.w8a16_gemv(bad, w, bs, rows), lambda: th.moe_gemv(bad, w13, s13, w2, s2, tw, ids)):
+        try:
+            call()
+        except TypeError as e:
+            assert "one bfloat16 token" in str(e)
+        else:
+            raise AssertionError(f"{bad.dtype} {tuple(bad.shape)} accepted")
+print(f"{worst:.8f}")
+"""
+
+
+def test_interpreted_gemv_kernels_match_float64_reference():
+    p = run_python(GEMV, {"TRITON_INTERPRET": "1"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert float(p.stdout.split()[-1]) < 1e-5  # exact weights, fp32 operands and accumulation

@@ -181,6 +181,40 @@ def test_weight_only_moe_matches_reference(m):
     assert torch.isfinite(out).all() and rel < 1e-2, rel  # bf16 intermediates and output
 
 
+@pytest.mark.parametrize("backend_cls,n,k", [(HopperTritonDense, n, k) for n, k in SHAPES]
+                         + [(HopperFlashInferDense, n, k) for n, k in SHAPES])
+def test_gemv_matches_reference_and_replays_in_cuda_graph(backend_cls, n, k):
+    """One-token weight-streaming GEMV on either backend's converted scales vs float32; a CUDA graph replays it."""
+    from sglang_mxfp8.triton_hopper import w8a16_gemv
+
+    layer, be = _layer(backend_cls, n, k)
+    scale = layer.mxfp8_converter.block_scale[0]
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = w8a16_gemv(x, layer.weight, scale, be.block_rows, bias)
+    ref = x.float() @ dequantize_block_fp8(layer.weight, scale, be.block_rows).t() + bias.float()
+    rel = ((out.float() - ref).norm() / ref.norm()).item()
+    assert out.shape == (1, n) and torch.isfinite(out).all() and rel < 5e-3, rel  # bf16 output rounding only
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = w8a16_gemv(x, layer.weight, scale, be.block_rows, bias)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(captured, w8a16_gemv(x, layer.weight, scale, be.block_rows, bias))
+
+
+def test_moe_gemv_matches_reference():
+    """One token's MoE in two launches (SiLU-and-mul, routing weights and the expert sum fused) vs float32."""
+    from sglang_mxfp8.triton_hopper import moe_gemv
+
+    for seed in range(3):
+        x, w13, c13, w2, c2, tw, ids = _moe_case(1, seed=seed)
+        out = moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids).float()
+        ref = _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations=False)
+        rel = ((out - ref).norm() / ref.norm()).item()
+        assert out.shape == x.shape and torch.isfinite(out).all() and rel < 1e-2, (seed, rel)
+
+
 @pytest.mark.parametrize("m", [37, 2048])
 def test_cutlass_grouped_moe_matches_reference(m):
     """The prefill MoE (SGLang's CUTLASS grouped block-FP8 MoE on our converted weights) vs float32 with
