@@ -10,6 +10,9 @@
   tensor-core dot accumulates in float32 over all of K, with no activation quantization launch.
 - ``moe_w8a16``: the same weight-only product for a fused MoE layer (SGLang's sorted-token layout,
   128x128 expert block scales), for decode batches where the MoE is launch-bound.
+- ``w8a16_gemv``, ``moe_gemv``: one token (batch-1 decode), weight-only on CUDA cores: each program
+  streams BLOCK_N weight rows, so the time is the FP8 weight bytes over the memory bandwidth; the MoE
+  takes two launches (SiLU-and-mul, routing weights and the sum over experts fused into the second).
 """
 
 from __future__ import annotations

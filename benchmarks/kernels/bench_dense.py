@@ -1,5 +1,5 @@
 """Dense MXFP8 layer time per backend vs BF16 cuBLAS, measured in the same run (whole op: activation
-quantization + GEMM; and our weight-only FP8 GEMM at small M, which quantizes nothing). Prints a
+quantization + GEMM; and our weight-only FP8 GEMM at small M and one-token GEMV, which quantize nothing). Prints a
 markdown table and writes it to --out.
 
     python benchmarks/kernels/bench_dense.py --out OUT/dense.md [--flashinfer] [--timer graph] [--tp 2]
@@ -22,7 +22,7 @@ from triton.testing import do_bench
 from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.resolver import Choice
-from sglang_mxfp8.triton_hopper import w8a16_gemm
+from sglang_mxfp8.triton_hopper import w8a16_gemm, w8a16_gemv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_timer import graph_us  # noqa: E402
@@ -36,6 +36,7 @@ SHAPES = {  # name: (K, N, the dimension tensor parallelism splits: N for column
 }
 MS = [1, 16, 64, 128, 1024, 8192]
 WEIGHT_ONLY = "triton_w8a16 (weight-only, M <= 128)"  # BF16 activations, no quantization launch
+GEMV = "triton_gemv (weight-only, M = 1)"  # one token, CUDA cores, no quantization launch
 WORKING_SET = 256 << 20  # bytes of weights per timed graph: several times the H200's 50 MB L2
 
 
@@ -67,6 +68,7 @@ def variants(n, k, flashinfer: bool, copies: int):
     tri = [make(HopperTritonDense, n, k) for _ in range(copies)]
     out[HopperTritonDense.kernel] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in tri]
     out[WEIGHT_ONLY] = [lambda x, lb=lb: w8a16_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0]) for lb in tri]
+    out[GEMV] = [lambda x, lb=lb: w8a16_gemv(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0]) for lb in tri]
     if flashinfer:
         fi = [make(HopperFlashInferDense, n, k) for _ in range(copies)]
         out[HopperFlashInferDense.kernel] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in fi]
@@ -99,7 +101,7 @@ def main():
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             times = {}
             for label, calls in fns.items():
-                if label == WEIGHT_ONLY and m > 128:
+                if (label == WEIGHT_ONLY and m > 128) or (label == GEMV and m > 1):
                     times[label] = None
                     continue
                 try:

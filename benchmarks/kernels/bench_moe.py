@@ -1,6 +1,7 @@
 """MoE layer time, MXFP8 (our Hopper path: SGLang's Triton fused MoE on converted 128x128 block-FP8
 weights) vs SGLang's BF16 Triton fused MoE in the same run, plus accuracy and weight memory; our
-weight-only MoE kernel (BF16 activations, no quantization launches) at decode batch sizes; and, as a
+weight-only MoE kernels (BF16 activations, no quantization launches) at decode batch sizes (the one-token
+GEMV MoE at 1 token); and, as a
 candidate, SGLang's CUTLASS grouped block-FP8 MoE (sgl_kernel ``fp8_blockwise_scaled_grouped_mm``,
 ``--moe-runner-backend cutlass`` for block-FP8 checkpoints; what our Hopper MoE runs for prefill batches) on
 the same converted weights, also with its SM90 expert-specialized grouped GEMM
@@ -28,7 +29,7 @@ from triton.testing import do_bench
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.moe_hopper import CutlassGroupedMoE
 from sglang_mxfp8.refit import BlockScaleConverter
-from sglang_mxfp8.triton_hopper import moe_w8a16
+from sglang_mxfp8.triton_hopper import moe_gemv, moe_w8a16
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_timer import graph_us  # noqa: E402
@@ -91,8 +92,9 @@ def main():
              "| tokens | BF16 us | MXFP8 us | speedup | BF16 graph us | MXFP8 graph us | graph speedup | rel. error vs BF16 "
              f"| weight-only MXFP8 graph us (ratio), tokens <= {WEIGHT_ONLY_MAX} "
              "| CUTLASS grouped MXFP8 graph us (ratio) | CUTLASS rel. error vs BF16 "
-             "| CUTLASS expert-specialized graph us (ratio) | its rel. error vs BF16 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| CUTLASS expert-specialized graph us (ratio) | its rel. error vs BF16 "
+             "| one-token GEMV MoE graph us (ratio) | its rel. error vs BF16 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     print(lines[1], flush=True)
     cutlass = CutlassGroupedMoE(E, H, inter, "cuda")
     cutlass_es = CutlassGroupedMoE(E, H, inter, "cuda", expert_specialized=True)
@@ -118,8 +120,11 @@ def main():
             wo = f"{gw:.1f} ({g16 / gw:.2f}x)"
         cut = " | ".join(candidate(lambda: run(x, tw, ids, q13, q2, c13.block_scale, c2.block_scale), ref, g16)
                          for run in (cutlass, cutlass_es))
+        gemv = "n/a | n/a"
+        if m == 1:
+            gemv = candidate(lambda: moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids), ref, g16)
         lines.append(f"| {m} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {g16:.1f} | {g8:.1f} | {g16 / g8:.2f}x | {rel:.4f} "
-                     f"| {wo} | {cut} |")
+                     f"| {wo} | {cut} | {gemv} |")
         print(lines[-1], flush=True)
         open(args.out, "w").write("\n".join(lines) + "\n")  # each row kept should a later kernel fault
     plot_beside(args.out, "MoE layer, MXFP8 vs BF16, " + torch.cuda.get_device_name(), target=1.5)

@@ -4,9 +4,11 @@
 GEMM time and the best config found (do_bench). --kernel w8a16: the weight-only GEMM at small M, GPU
 time inside a CUDA graph over distinct weight copies, against BF16 cuBLAS and our W8A8 whole op.
 --kernel moe_w8a16: the weight-only fused MoE (Qwen3-30B-A3B layer) at decode batch sizes, GPU time
-in a CUDA graph, against SGLang's BF16 fused MoE. Writes the table to --out (input for tuned configs).
+in a CUDA graph, against SGLang's BF16 fused MoE. --kernel gemv: the one-token GEMVs (dense shapes and
+the Qwen3-30B-A3B MoE layer), GPU time in a CUDA graph, against BF16, the weight-only GEMM and SGLang's
+MXFP8 fused MoE. Writes the table to --out (input for tuned configs).
 
-    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md [--kernel w8a16|moe_w8a16]
+    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md [--kernel w8a16|moe_w8a16|gemv]
 """
 
 import argparse
@@ -61,7 +63,8 @@ def best_config(grid, run, time):
         tried += 1
         best = min(best, (t, cfg), key=lambda b: b[0])
     t, cfg = best
-    return t, f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}", tried
+    tile = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}" if "BLOCK_M" in cfg else f"n{cfg['BLOCK_N']} g{cfg['GROUPS']}"
+    return t, f"{tile} w{cfg['num_warps']} s{cfg['num_stages']}", tried
 
 
 def sweep_w8a16(out):
@@ -126,11 +129,66 @@ def sweep_moe_w8a16(out):
     open(out, "w").write("\n".join(lines) + "\n")
 
 
+GEMV_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=st)
+             for bn, g, w, st in itertools.product((4, 8, 16, 32), (1, 2, 4), (4, 8), (1, 3))]
+
+
+def sweep_gemv(out):
+    """One-token GEMV tiles: the dense shapes over distinct weight copies, then the MoE layer."""
+    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from bench_moe import E, H, I, experts, routing  # this folder
+
+    lines = [f"GPU: {torch.cuda.get_device_name()}; one token; GPU time per call inside one CUDA graph, microseconds "
+             f"(dense: over {WORKING_SET >> 20} MiB of distinct weights)", "",
+             "| layer | BF16 | baseline MXFP8 | GEMV default cfg | GEMV best cfg | best cfg | best vs BF16 | "
+             "best vs baseline MXFP8 | configs tried |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, (k, n) in W8A16_SHAPES.items():
+        copies = graph_copies(n, k)
+        ws = []
+        for _ in range(copies):
+            q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
+            ws.append((q, convert_to_block_scales(q, s, 1)[0]))
+        w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
+        two = graph_us([lambda w=w: th.w8a16_gemm(x, *w) for w in ws])
+        tdef = graph_us([lambda w=w: th.w8a16_gemv(x, *w) for w in ws])
+        t, short, tried = best_config(GEMV_GRID, lambda cfg: th.w8a16_gemv(x, *ws[0], config=cfg),
+                                      lambda cfg: graph_us([lambda w=w: th.w8a16_gemv(x, *w, config=cfg) for w in ws], reps=10))
+        lines.append(f"| {name} (baseline: weight-only GEMM) | {t16:.1f} | {two:.1f} | {tdef:.1f} | {t:.1f} | {short} | "
+                     f"{t16 / t:.2f}x | {two / t:.2f}x | {tried} |")
+        print(lines[-1], flush=True)
+        del ws, w16
+        torch.cuda.empty_cache()
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
+    x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    tw, ids = routing(1, gen)
+    t16 = graph_us([lambda: outplace_fused_experts(x, w13_16, w2_16, tw, ids)])
+    t8 = graph_us([lambda: outplace_fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale,
+                                                  w2_scale=c2.block_scale, block_shape=[128, 128])])
+
+    def moe(cfg):
+        return th.moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)
+
+    tdef = graph_us([lambda: moe(None)])
+    t, short, tried = best_config(GEMV_GRID, moe, lambda cfg: graph_us([lambda: moe(cfg)], reps=10))
+    lines.append(f"| MoE E={E} H={H} I={I} top-8 (baseline: SGLang's MXFP8 fused MoE) | {t16:.1f} | {t8:.1f} | "
+                 f"{tdef:.1f} | {t:.1f} | {short} | {t16 / t:.2f}x | {t8 / t:.2f}x | {tried} |")
+    print(lines[-1], flush=True)
+    open(out, "w").write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--kernel", choices=["w8a8", "w8a16", "moe_w8a16"], default="w8a8")
+    ap.add_argument("--kernel", choices=["w8a8", "w8a16", "moe_w8a16", "gemv"], default="w8a8")
     args = ap.parse_args()
+    if args.kernel == "gemv":
+        return sweep_gemv(args.out)
     if args.kernel == "w8a16":
         return sweep_w8a16(args.out)
     if args.kernel == "moe_w8a16":
