@@ -10,7 +10,7 @@
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 #   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 kernels for small M: GPU tests, dense and MoE tile sweeps
 #   bash benchmarks/run_h200.sh tables    # dense (CUDA-graph timer) and MoE tables with every candidate kernel
-#   bash benchmarks/run_h200.sh gemv      # one-token GEMVs (dense, MoE): GPU tests, tile sweep, dense and MoE tables
+#   bash benchmarks/run_h200.sh gemv      # one-token GEMVs (dense, MoE): GPU tests and tile sweep vs BF16 and our MXFP8 paths
 #   bash benchmarks/run_h200.sh prefill   # MoE GPU tests (weight-only, CUTLASS prefill path) + the MoE candidates table
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
 #   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own)
@@ -154,7 +154,6 @@ tables)
 gemv)
   python3 -m pytest -q tests/gpu -k gemv 2>&1 | tail -3
   (cd benchmarks/kernels && timeout 300 python3 sweep_triton.py --kernel gemv --out "$OUT/sweep_gemv.md" 2>&1 | grep "^|")
-  python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_graph.md" --flashinfer --timer graph 2>&1 | grep "| 1 |"
   ;;
 prefill)
   python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4
