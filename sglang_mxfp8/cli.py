@@ -68,8 +68,12 @@ def startup_hook_status() -> str:
     return "active (sglang_mxfp8.pth patches SGLang in every process it starts)"
 
 
+ONE_TOKEN_GEMV = "; one-token batches on the weight-streaming GEMV (SGLANG_MXFP8_GEMV=1)"
+
+
 def doctor(args) -> int:
     from .dense import weight_only_max_m
+    from .envs import gemv_enabled
     from .flashinfer_sm90 import precompile_enabled
     from .gpu import flashinfer_available
     from .moe_hopper import cutlass_prefill_min_tokens
@@ -106,6 +110,8 @@ def doctor(args) -> int:
                 extra = f"; weight-only FP8 GEMM for batches of up to {small_m} tokens"
             elif choice.kernel == resolver.HOPPER_FLASHINFER and precompile_enabled():
                 extra = "; its kernels compiled while the model loads"
+            if choice.kernel in (resolver.HOPPER_TRITON, resolver.HOPPER_FLASHINFER) and gemv_enabled():
+                extra += ONE_TOKEN_GEMV
             print(f"  dense {kind} [{n} x {k}] x{count}: {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  dense {kind}: ERROR {e}")
@@ -118,6 +124,8 @@ def doctor(args) -> int:
             extra, prefill_tokens = "", cutlass_prefill_min_tokens()
             if choice.kernel == resolver.HOPPER_TRITON_MOE and prefill_tokens:
                 extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
+            if choice.kernel == resolver.HOPPER_TRITON_MOE and gemv_enabled():
+                extra += ONE_TOKEN_GEMV
             print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  MoE experts: ERROR {e}")

@@ -13,7 +13,7 @@ from typing import Optional, Type
 import torch
 
 from . import resolver
-from .envs import env_switch
+from .envs import env_switch, gemv_enabled
 from .gpu import current_gpu, flashinfer_available
 from .refit import BlockScaleConverter
 
@@ -37,6 +37,7 @@ def weight_only_max_m(n: int) -> int:
 class DenseBackend:
     kernel: str = ""
     block_rows: int = 1
+    gemv = False  # one-token batches on the weight-streaming GEMV (Hopper backends, SGLANG_MXFP8_GEMV=1)
 
     def __init__(self, choice: resolver.Choice, layer_name: str):
         self.choice = choice
@@ -51,6 +52,14 @@ class DenseBackend:
     def apply(self, layer, x, bias=None):  # pragma: no cover - interface
         raise NotImplementedError
 
+    def one_token(self, layer, x2: torch.Tensor, bias):
+        """The one-token GEMV's output on this backend's converted scales, or None where its own kernel runs."""
+        if not self.gemv or x2.shape[0] != 1 or x2.dtype != torch.bfloat16:
+            return None
+        from .triton_hopper import w8a16_gemv
+
+        return w8a16_gemv(x2, layer.weight, layer.mxfp8_converter.block_scale[0], self.block_rows, bias)
+
 
 class HopperTritonDense(DenseBackend):
     """Our Triton W8A8 kernel: 1x128 dynamic activation scales x per-row 1x128 weight scales."""
@@ -63,6 +72,7 @@ class HopperTritonDense(DenseBackend):
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         super().create_buffers(layer, n, k)
         self.weight_only_max_m = weight_only_max_m(n)
+        self.gemv = gemv_enabled()
 
     def weight_only(self, layer, x2: torch.Tensor, bias):
         """The weight-only product for a small BF16 batch, or None where the W8A8 kernel runs."""
@@ -78,7 +88,9 @@ class HopperTritonDense(DenseBackend):
         x2 = x.reshape(-1, x.shape[-1])
         if not x2.is_contiguous():
             x2 = x2.contiguous()
-        out = self.weight_only(layer, x2, bias)
+        out = self.one_token(layer, x2, bias)
+        if out is None:
+            out = self.weight_only(layer, x2, bias)
         if out is None:
             a_q, a_s = quantize_act_1x128(x2)
             out = w8a8_gemm(a_q, a_s, layer.weight, layer.mxfp8_converter.block_scale[0], x.dtype, bias)
@@ -95,6 +107,10 @@ class HopperFlashInferDense(DenseBackend):
     kernel = resolver.HOPPER_FLASHINFER
     block_rows = 128
 
+    def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
+        super().create_buffers(layer, n, k)
+        self.gemv = gemv_enabled()
+
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         stats = super().process_weights_after_loading(layer, scale)
         from . import flashinfer_sm90
@@ -109,9 +125,11 @@ class HopperFlashInferDense(DenseBackend):
         from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
-        if bias is not None:
-            out = out + bias
+        out = self.one_token(layer, x2, bias)
+        if out is None:
+            out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
+            if bias is not None:
+                out = out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 

@@ -10,3 +10,12 @@ def env_switch(name: str, default: bool) -> bool:
     """1/true/yes/on -> True, 0/false/no/off -> False (any case, spaces ignored); unset or other -> default."""
     value = os.environ.get(name, "").strip().lower()
     return True if value in _ON else False if value in _OFF else default
+
+
+GEMV_ENV = "SGLANG_MXFP8_GEMV"
+
+
+def gemv_enabled() -> bool:
+    """One-token batches (batch-1 decode) on the weight-streaming GEMVs of sglang_mxfp8.triton_hopper, in the
+    Hopper dense backends and MoE. Opt-in (SGLANG_MXFP8_GEMV=1) until its served effect is measured."""
+    return env_switch(GEMV_ENV, default=False)

@@ -1,5 +1,6 @@
 """The Hopper MoE path's prefill kernel: SGLang's CUTLASS grouped block-FP8 MoE on the converted weights,
-and which layers and batches take it (the rest run SGLang's Triton fused MoE, set up in quant_methods).
+and which layers and batches take it or the one-token GEMV (the rest run SGLang's Triton fused MoE, set up
+in quant_methods).
 
 SGLang is imported only when the kernel runs, so this module loads before SGLang's own modules do
 (the benchmarks, the tests and ``sglang-mxfp8 doctor`` import it directly).
@@ -26,9 +27,9 @@ def cutlass_prefill_min_tokens() -> int:
     return CUTLASS_PREFILL_MIN_TOKENS if env_switch(CUTLASS_PREFILL_ENV, default=True) else 0
 
 
-def cutlass_prefill_unsupported(config, ep_size: int) -> Optional[str]:
-    """Why a MoE layer cannot take the CUTLASS grouped path (it computes SiLU-gated experts, combined with the
-    router weights, on all experts of this rank), or None."""
+def fused_moe_unsupported(config, ep_size: int) -> Optional[str]:
+    """Why a MoE layer cannot take our own paths, the CUTLASS grouped prefill MoE and the one-token GEMV (they
+    compute SiLU-gated experts, combined with the router weights, on all experts of this rank), or None."""
     if config.activation != "silu" or not config.is_gated:
         return f"activation {config.activation} (gated {config.is_gated}); it runs SiLU-gated experts only"
     if config.apply_router_weight_on_input or config.no_combine:

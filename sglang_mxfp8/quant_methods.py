@@ -24,7 +24,8 @@ from . import __version__, checkpoint, resolver
 from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag
 from .gpu import current_gpu, flashinfer_available
 from .blackwell import CutlassMoeScales, cutlass_mxfp8_moe
-from .moe_hopper import CutlassGroupedMoE, cutlass_prefill_min_tokens, cutlass_prefill_unsupported
+from .envs import gemv_enabled
+from .moe_hopper import CutlassGroupedMoE, cutlass_prefill_min_tokens, fused_moe_unsupported
 from .refit import BlockScaleConverter, LoadTracker
 
 logger = logging.getLogger("sglang_mxfp8")
@@ -171,6 +172,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         self.prefix = prefix
         self.choice: Optional[resolver.Choice] = None
         self.prefill_min_tokens = 0  # batches this large run the CUTLASS grouped MoE (Hopper path; 0: never)
+        self.gemv = False  # one-token batches run the weight-streaming GEMV MoE (Hopper path, SGLANG_MXFP8_GEMV=1)
 
     @property
     def load_up_proj_weight_first(self) -> bool:
@@ -199,6 +201,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         layer.mxfp8_w13 = BlockScaleConverter(num_experts, layer.w13_weight.shape[1], hidden_size, 128, dev, f"{self.prefix}.w13")
         layer.mxfp8_w2 = BlockScaleConverter(num_experts, hidden_size, intermediate_size_per_partition, 128, dev, f"{self.prefix}.w2")
         self.prefill_min_tokens = cutlass_prefill_min_tokens()
+        self.gemv = gemv_enabled()
         if self.prefill_min_tokens:
             layer.mxfp8_prefill = CutlassGroupedMoE(num_experts, hidden_size, intermediate_size_per_partition, dev)
 
@@ -219,10 +222,10 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         self.moe_runner_config = moe_runner_config
         if self.choice.kernel == resolver.HOPPER_TRITON_MOE:
             self.runner = MoeRunner(MoeRunnerBackend.TRITON, moe_runner_config)
-            why_not = self.prefill_min_tokens and cutlass_prefill_unsupported(moe_runner_config, layer.moe_ep_size)
+            why_not = (self.prefill_min_tokens or self.gemv) and fused_moe_unsupported(moe_runner_config, layer.moe_ep_size)
             if why_not:
-                logger.info("%s: prefill batches stay on the Triton fused MoE: %s", self.prefix, why_not)
-                self.prefill_min_tokens = 0
+                logger.info("%s: every batch stays on the Triton fused MoE: %s", self.prefix, why_not)
+                self.prefill_min_tokens, self.gemv = 0, False
 
     def apply(self, layer, dispatch_output):
         from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
@@ -236,9 +239,16 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
                 ep_size=layer.moe_ep_size, ep_rank=layer.moe_ep_rank,
             )
             return StandardCombineInput(hidden_states=out)
-        if self.prefill_min_tokens and x.shape[0] >= self.prefill_min_tokens:
+        out = None
+        if self.gemv and x.shape[0] == 1 and x.dtype == torch.bfloat16:
+            from .triton_hopper import moe_gemv
+
+            out = moe_gemv(x, layer.w13_weight, layer.mxfp8_w13.block_scale, layer.w2_weight,
+                           layer.mxfp8_w2.block_scale, topk_weights, topk_ids)
+        elif self.prefill_min_tokens and x.shape[0] >= self.prefill_min_tokens:
             out = layer.mxfp8_prefill(x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight,
                                       layer.mxfp8_w13.block_scale, layer.mxfp8_w2.block_scale)
+        if out is not None:
             if self.moe_runner_config.routed_scaling_factor is not None:
                 out *= self.moe_runner_config.routed_scaling_factor
             return StandardCombineInput(hidden_states=out)

@@ -1,6 +1,6 @@
-"""Which MoE layers and batches the Hopper MoE path runs on SGLang's CUTLASS grouped MoE, the
-SGLANG_MXFP8_CUTLASS_PREFILL_MOE switch, and its scratch tensors (the kernel's numerics and the apply()
-dispatch itself: tests/gpu)."""
+"""Which MoE layers and batches the Hopper MoE path runs on SGLang's CUTLASS grouped MoE or the one-token
+GEMV, the SGLANG_MXFP8_CUTLASS_PREFILL_MOE and SGLANG_MXFP8_GEMV switches, and the CUTLASS scratch tensors
+(the kernels' numerics and the apply() dispatch itself: tests/gpu)."""
 
 import dataclasses
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
 
-from sglang_mxfp8 import moe_hopper
+from sglang_mxfp8 import envs, moe_hopper
 
 QWEN3 = MoeRunnerConfig(num_experts=128, num_local_experts=128, hidden_size=2048, intermediate_size_per_partition=768,
                         top_k=8, params_dtype=torch.bfloat16)
@@ -17,7 +17,7 @@ QWEN3 = MoeRunnerConfig(num_experts=128, num_local_experts=128, hidden_size=2048
 def test_prefill_batches_take_cutlass_by_default(monkeypatch):
     monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
     assert moe_hopper.cutlass_prefill_min_tokens() == moe_hopper.CUTLASS_PREFILL_MIN_TOKENS == 2048
-    assert moe_hopper.cutlass_prefill_unsupported(QWEN3, ep_size=1) is None
+    assert moe_hopper.fused_moe_unsupported(QWEN3, ep_size=1) is None
 
 
 @pytest.mark.parametrize("value", ["0", "off", "False"])
@@ -36,7 +36,7 @@ def test_prefill_switch_off(value, monkeypatch):
     ({}, 2, "expert parallel size 2"),
 ])
 def test_layers_the_cutlass_moe_cannot_compute_stay_on_triton(change, ep_size, why):
-    assert why in moe_hopper.cutlass_prefill_unsupported(dataclasses.replace(QWEN3, **change), ep_size)
+    assert why in moe_hopper.fused_moe_unsupported(dataclasses.replace(QWEN3, **change), ep_size)
 
 
 def test_scratch_is_allocated_once_per_shape_and_shared_by_layers():
@@ -69,3 +69,44 @@ def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(moe_hopper.CUTLASS_PREFILL_ENV, "0")
     assert cli(doctor) == 0
     assert "CUTLASS grouped" not in capsys.readouterr().out
+
+
+def test_one_token_gemv_is_opt_in(monkeypatch):
+    monkeypatch.delenv(envs.GEMV_ENV, raising=False)
+    assert not envs.gemv_enabled()
+    monkeypatch.setenv(envs.GEMV_ENV, "1")
+    assert envs.gemv_enabled()
+
+
+@pytest.mark.parametrize("change,ep_size", [({}, 1), (dict(activation="gelu"), 1), (dict(gemm1_alpha=1.702), 1), ({}, 2)])
+def test_layers_our_moe_paths_cannot_compute_keep_every_batch_on_triton(change, ep_size):
+    import sglang.srt.layers.quantization.fp8  # noqa: F401 - SGLang's module first: its patch imports quant_methods
+
+    from sglang_mxfp8 import quant_methods as qm
+    from sglang_mxfp8.resolver import HOPPER_TRITON_MOE, Choice
+
+    method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
+                                                          "weight_block_size": [1, 32]}), "model.layers.0.mlp.experts")
+    method.choice, method.gemv, method.prefill_min_tokens = Choice(HOPPER_TRITON_MOE, "test"), True, 2048
+    layer = torch.nn.Module()
+    layer.moe_ep_size = ep_size
+    method.create_moe_runner(layer, dataclasses.replace(QWEN3, **change))
+    supported = not change and ep_size == 1
+    assert (method.gemv, method.prefill_min_tokens) == ((True, 2048) if supported else (False, 0))
+
+
+def test_doctor_names_the_one_token_gemv_when_enabled(tmp_path, capsys, monkeypatch):
+    from sglang_mxfp8.cli import ONE_TOKEN_GEMV, main as cli
+    from sglang_mxfp8.convert import convert
+    from sglang_mxfp8.tiny_model import write_qwen3_moe
+
+    mx = tmp_path / "mx"
+    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
+    doctor = ["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "triton"]
+    monkeypatch.delenv(envs.GEMV_ENV, raising=False)
+    assert cli(doctor) == 0
+    assert "GEMV" not in capsys.readouterr().out
+    monkeypatch.setenv(envs.GEMV_ENV, "1")
+    assert cli(doctor) == 0
+    lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith(("  dense", "  MoE"))]
+    assert lines and all(s.endswith(ONE_TOKEN_GEMV) for s in lines), lines

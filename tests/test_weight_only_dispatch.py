@@ -1,17 +1,18 @@
 """Which batches and layers the Triton backend serves with the weight-only FP8 GEMM, and the
-SGLANG_MXFP8_WEIGHT_ONLY switch (the kernel's numerics: test_triton_cpu.py, tests/gpu)."""
+SGLANG_MXFP8_WEIGHT_ONLY switch; which ones the Hopper backends serve with the one-token GEMV, and the
+SGLANG_MXFP8_GEMV switch (the kernels' numerics: test_triton_cpu.py, tests/gpu)."""
 
 import pytest
 import torch
 
-from sglang_mxfp8 import dense
-from sglang_mxfp8.dense import HopperTritonDense
+from sglang_mxfp8 import dense, envs
+from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.resolver import Choice
 
 
-def _triton_layer(n: int, k: int = 256):
-    """A Triton-backend layer as SGLang's loader builds it (weight, then the backend's buffers)."""
-    be = HopperTritonDense(Choice(HopperTritonDense.kernel, "test"), "model.layers.0.self_attn.qkv_proj")
+def _triton_layer(n: int, k: int = 256, cls=HopperTritonDense):
+    """A Hopper-backend layer as SGLang's loader builds it (weight, then the backend's buffers)."""
+    be = cls(Choice(cls.kernel, "test"), "model.layers.0.self_attn.qkv_proj")
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.zeros(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
     be.create_buffers(layer, n, k)
@@ -39,3 +40,15 @@ def test_triton_backend_keeps_w8a8_for_wide_layers(n, expected, monkeypatch):
 def test_weight_only_switch_off(value, monkeypatch):
     monkeypatch.setenv(dense.WEIGHT_ONLY_ENV, value)
     assert _triton_layer(2048)[1].weight_only_max_m == 0
+
+
+@pytest.mark.parametrize("cls", [HopperTritonDense, HopperFlashInferDense])
+def test_one_token_gemv_is_opt_in(cls, monkeypatch):
+    monkeypatch.delenv(envs.GEMV_ENV, raising=False)
+    layer, be = _triton_layer(2048, cls=cls)
+    assert not be.gemv and be.one_token(layer, torch.randn(1, 256, dtype=torch.bfloat16), None) is None
+    monkeypatch.setenv(envs.GEMV_ENV, "1")
+    layer, be = _triton_layer(2048, cls=cls)
+    assert be.gemv
+    assert be.one_token(layer, torch.randn(2, 256, dtype=torch.bfloat16), None) is None  # two tokens: its own kernel
+    assert be.one_token(layer, torch.randn(1, 256, dtype=torch.float16), None) is None  # exact in bf16 only

@@ -310,3 +310,60 @@ def test_precompile_compiles_exactly_the_kernels_flashinfer_selects(tmp_path):
     line = next(x for x in p.stdout.splitlines() if x.startswith("RAN"))
     assert "MISSING [] EXTRA []" in line, line
     assert "NEW_AFTER []" in p.stdout, p.stdout
+
+
+def test_moe_apply_runs_one_token_on_the_gemv():
+    """With SGLANG_MXFP8_GEMV=1, Mxfp8MoEMethod.apply runs one token on the GEMV MoE and two on SGLang's Triton
+    fused MoE; the two agree to FP8 accuracy."""
+    from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from sglang_mxfp8 import quant_methods as qm
+    from sglang_mxfp8.resolver import HOPPER_TRITON_MOE
+    from sglang_mxfp8.triton_hopper import moe_gemv
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    x, w13, c13, w2, c2, tw, ids = _moe_case(2, seed=4)
+    e_count, h, inter = w13.shape[0], x.shape[1], w2.shape[2]
+    layer = torch.nn.Module()
+    layer.w13_weight, layer.w2_weight, layer.mxfp8_w13, layer.mxfp8_w2, layer.moe_ep_size = w13, w2, c13, c2, 1
+    method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
+                                                          "weight_block_size": [1, 32]}), "test.experts")
+    method.choice, method.gemv = Choice(HOPPER_TRITON_MOE, "test"), True
+    method.create_moe_runner(layer, MoeRunnerConfig(num_experts=e_count, num_local_experts=e_count, hidden_size=h,
+                                                    intermediate_size_per_partition=inter, top_k=ids.shape[1],
+                                                    params_dtype=torch.bfloat16, inplace=False))
+    assert method.gemv
+
+    def apply(rows):
+        topk = StandardTopKOutput(tw[:rows], ids[:rows], None)
+        return method.apply(layer, StandardDispatchOutput(x[:rows], None, topk)).hidden_states
+
+    one = apply(1)
+    assert torch.equal(one, moe_gemv(x[:1], w13, c13.block_scale, w2, c2.block_scale, tw[:1], ids[:1]))
+    two = apply(2)
+    method.gemv = False
+    assert torch.equal(two, apply(2))  # two tokens: the Triton fused MoE either way
+    triton_one = apply(1).float()
+    rel = ((one.float() - triton_one).norm() / triton_one.norm()).item()
+    assert 0 < rel < 0.1, rel  # FP8 activations on the Triton path only: ~0.03-0.06 (RESULTS)
+
+
+@pytest.mark.parametrize("backend_cls", [HopperTritonDense, HopperFlashInferDense])
+def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
+    """With SGLANG_MXFP8_GEMV=1 both Hopper dense backends run one token on the GEMV and two on their own kernel."""
+    from sglang_mxfp8.envs import GEMV_ENV
+    from sglang_mxfp8.triton_hopper import w8a16_gemv
+
+    monkeypatch.setenv(GEMV_ENV, "1")
+    layer, be = _layer(backend_cls, 5120, 2048)
+    assert be.gemv
+    x = torch.randn(2, 2048, device="cuda", dtype=torch.bfloat16)
+    one = be.apply(layer, x[:1])
+    assert torch.equal(one, w8a16_gemv(x[:1], layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows))
+    two = be.apply(layer, x)
+    be.gemv = False
+    assert torch.equal(two, be.apply(layer, x))
+    assert not torch.equal(one, be.apply(layer, x[:1]))  # the paths are distinguishable
