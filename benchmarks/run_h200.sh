@@ -112,6 +112,7 @@ e2e)
   # E2E_MX="NAME=[ENV=VALUE ...] FLAGS" adds an MXFP8 variant, e.g.
   # PRECOMPILE=0 E2E_LAYERS=4 E2E_MX="no CUTLASS prefill=SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   # E2E_ARGS passes more options to bench_throughput.py, e.g. E2E_ARGS="--concurrency 16 128"
+  # the one-token GEMVs served: E2E_MX="gemv=SGLANG_MXFP8_GEMV=1 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   timeout 580 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
     ${E2E_MX:+--mx "$E2E_MX"} \
@@ -153,7 +154,7 @@ tables)
   ;;
 gemv)
   python3 -m pytest -q tests/gpu -k gemv 2>&1 | tail -3
-  (cd benchmarks/kernels && timeout 300 python3 sweep_triton.py --kernel gemv --out "$OUT/sweep_gemv.md" 2>&1 | grep "^|")
+  (cd benchmarks/kernels && timeout 480 python3 sweep_triton.py --kernel gemv --out "$OUT/sweep_gemv.md" 2>&1 | grep "^|")
   ;;
 prefill)
   python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4

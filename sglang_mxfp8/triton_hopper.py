@@ -375,9 +375,11 @@ def moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config: dict | None = 
 
 
 def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config):
-    """The launches, for any float activation dtype."""
+    """The launches, for any float activation dtype. The down projection's programs each cover every
+    expert of the token, so they take fewer rows (DOWN_BLOCK_N, default BLOCK_N / 4) to fill the GPU."""
     cfg = dict(config or GEMV_CONFIG)
     block_n = cfg.pop("BLOCK_N")
+    down_block_n = cfg.pop("DOWN_BLOCK_N", max(2, block_n // 4))
     h, n13, inter, top_k = x.shape[1], w13.shape[1], w2.shape[2], topk_ids.shape[1]
     ids, tw = topk_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous()
     up = torch.empty((top_k, n13), dtype=x.dtype, device=x.device)
@@ -386,9 +388,9 @@ def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config):
         w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), up.stride(0), BLOCK_N=block_n, **cfg,
     )
     y = torch.empty((1, h), dtype=x.dtype, device=x.device)
-    _moe_gemv_down_kernel[(triton.cdiv(h, block_n),)](
+    _moe_gemv_down_kernel[(triton.cdiv(h, down_block_n),)](
         up, w2, s2, ids, tw, y, h, inter, triton.cdiv(inter, GROUP_K),
         up.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
-        TOP_K=top_k, BLOCK_N=block_n, **cfg,
+        TOP_K=top_k, BLOCK_N=down_block_n, **cfg,
     )
     return y

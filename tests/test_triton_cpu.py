@@ -158,7 +158,7 @@ for n, k in [(64, 128), (200, 352), (130, 256), (96, 96), (300, 544)]:  # N and 
                 err = ((out.double() - ref).norm() / ref.norm()).item()
                 assert out.shape == (1, n) and err == err, (n, k, rows)  # NaN would slip through max()
                 worst = max(worst, err)
-for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 256, 256, 4)]:
+for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 288, 96, 3)]:  # H, I, 2I tails
     w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h) * 0.05)
     w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter) * 0.05)
     c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13.refresh(w13, s13)
@@ -173,7 +173,7 @@ for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 256, 25
         down = dequantize_block_fp8(w2[e], c2.block_scale[e], 128).double()
         per_slot.append(tw[0, j] * (down @ (F.silu(gate_up[:inter]) * gate_up[inter:])))
     ref = sum(per_slot)
-    for cfg in (None, dict(BLOCK_N=32, GROUPS=1, num_warps=2, num_stages=2)):
+    for cfg in (None, dict(BLOCK_N=128, DOWN_BLOCK_N=64, GROUPS=2, num_warps=2, num_stages=2)):
         out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, cfg)
         err = ((out[0].double() - ref).norm() / ref.norm()).item()
         assert out.shape == (1, h) and err == err, (e_count, h, inter)

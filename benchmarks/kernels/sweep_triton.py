@@ -64,6 +64,7 @@ def best_config(grid, run, time):
         best = min(best, (t, cfg), key=lambda b: b[0])
     t, cfg = best
     tile = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}" if "BLOCK_M" in cfg else f"n{cfg['BLOCK_N']} g{cfg['GROUPS']}"
+    tile += f" down n{cfg['DOWN_BLOCK_N']}" if "DOWN_BLOCK_N" in cfg else ""
     return t, f"{tile} w{cfg['num_warps']} s{cfg['num_stages']}", tried
 
 
@@ -131,6 +132,8 @@ def sweep_moe_w8a16(out):
 
 GEMV_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=st)
              for bn, g, w, st in itertools.product((4, 8, 16, 32), (1, 2, 4), (4, 8), (1, 3))]
+MOE_GEMV_GRID = [dict(BLOCK_N=bn, DOWN_BLOCK_N=dn, GROUPS=g, num_warps=w, num_stages=st)
+                 for bn, dn, g, w, st in itertools.product((8, 16, 32), (2, 4, 8), (1, 2), (4, 8), (1, 3))]
 
 
 def sweep_gemv(out):
@@ -175,7 +178,7 @@ def sweep_gemv(out):
         return th.moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)
 
     tdef = graph_us([lambda: moe(None)])
-    t, short, tried = best_config(GEMV_GRID, moe, lambda cfg: graph_us([lambda: moe(cfg)], reps=10))
+    t, short, tried = best_config(MOE_GEMV_GRID, moe, lambda cfg: graph_us([lambda: moe(cfg)], reps=10))
     lines.append(f"| MoE E={E} H={H} I={I} top-8 (baseline: SGLang's MXFP8 fused MoE) | {t16:.1f} | {t8:.1f} | "
                  f"{tdef:.1f} | {t:.1f} | {short} | {t16 / t:.2f}x | {t8 / t:.2f}x | {tried} |")
     print(lines[-1], flush=True)
