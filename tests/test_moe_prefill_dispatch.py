@@ -53,14 +53,19 @@ def test_scratch_is_allocated_once_per_shape_and_shared_by_layers():
     assert all(s[n].shape == (16,) and s[n].dtype == torch.int64 for n in ("a_ptrs", "b_ptrs", "out_ptrs"))
 
 
-def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch):
+def _doctor_on_tiny_model(tmp_path):
+    """`sglang-mxfp8 doctor` arguments for an H200 and a converted tiny Qwen3-MoE, and the CLI entry point."""
     from sglang_mxfp8.cli import main as cli
     from sglang_mxfp8.convert import convert
     from sglang_mxfp8.tiny_model import write_qwen3_moe
 
     mx = tmp_path / "mx"
     convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
-    doctor = ["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "triton"]
+    return cli, ["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "triton"]
+
+
+def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch):
+    cli, doctor = _doctor_on_tiny_model(tmp_path)
     monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
     assert cli(doctor) == 0
     line = next(s for s in capsys.readouterr().out.splitlines() if "MoE experts" in s)
@@ -96,13 +101,9 @@ def test_layers_our_moe_paths_cannot_compute_keep_every_batch_on_triton(change, 
 
 
 def test_doctor_names_the_one_token_gemv_when_enabled(tmp_path, capsys, monkeypatch):
-    from sglang_mxfp8.cli import ONE_TOKEN_GEMV, main as cli
-    from sglang_mxfp8.convert import convert
-    from sglang_mxfp8.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.cli import ONE_TOKEN_GEMV
 
-    mx = tmp_path / "mx"
-    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
-    doctor = ["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "triton"]
+    cli, doctor = _doctor_on_tiny_model(tmp_path)
     monkeypatch.delenv(envs.GEMV_ENV, raising=False)
     assert cli(doctor) == 0
     assert "GEMV" not in capsys.readouterr().out

@@ -68,6 +68,15 @@ def best_config(grid, run, time):
     return t, f"{tile} w{cfg['num_warps']} s{cfg['num_stages']}", tried
 
 
+def weight_copies(n, k):
+    """Distinct [n, k] weights filling the timed working set: (e4m3, per-row 1x128 scales) pairs and BF16 ones."""
+    ws = []
+    for _ in range(graph_copies(n, k)):
+        q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
+        ws.append((q, convert_to_block_scales(q, s, 1)[0]))
+    return ws, [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in ws]
+
+
 def sweep_w8a16(out):
     """Weight-only GEMM tiles, GPU time in a CUDA graph over distinct weight copies (HBM, not L2)."""
     lines = [f"GPU: {torch.cuda.get_device_name()}; GPU time per call inside one CUDA graph over "
@@ -75,12 +84,7 @@ def sweep_w8a16(out):
              "| K->N | M | BF16 | W8A8 (ours, default) | W8A16 default cfg | W8A16 best cfg | best cfg | "
              "best vs BF16 | configs tried |", "|---|---|---|---|---|---|---|---|---|"]
     for name, (k, n) in W8A16_SHAPES.items():
-        copies = graph_copies(n, k)
-        ws = []
-        for _ in range(copies):
-            q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
-            ws.append((q, convert_to_block_scales(q, s, 1)[0]))
-        w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        ws, w16 = weight_copies(n, k)
         for m in W8A16_MS:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
@@ -148,12 +152,7 @@ def sweep_gemv(out):
              "| layer | BF16 | baseline MXFP8 | GEMV default cfg | GEMV best cfg | best cfg | best vs BF16 | "
              "best vs baseline MXFP8 | configs tried |", "|---|---|---|---|---|---|---|---|---|"]
     for name, (k, n) in W8A16_SHAPES.items():
-        copies = graph_copies(n, k)
-        ws = []
-        for _ in range(copies):
-            q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
-            ws.append((q, convert_to_block_scales(q, s, 1)[0]))
-        w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        ws, w16 = weight_copies(n, k)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
         two = graph_us([lambda w=w: th.w8a16_gemm(x, *w) for w in ws])
