@@ -11,7 +11,7 @@
 - ``moe_w8a16``: the same weight-only product for a fused MoE layer (SGLang's sorted-token layout,
   128x128 expert block scales), for decode batches where the MoE is launch-bound.
 - ``w8a16_gemv``, ``moe_gemv``: one token (batch-1 decode), weight-only on CUDA cores: each program
-  streams BLOCK_N weight rows, so the time is the FP8 weight bytes over the memory bandwidth; the MoE
+  streams BLOCK_N weight rows, aiming at the FP8 weight bytes over the memory bandwidth; the MoE
   takes two launches (SiLU-and-mul, routing weights and the sum over experts fused into the second).
 """
 
@@ -314,7 +314,7 @@ GEMV_CONFIG = dict(BLOCK_N=16, GROUPS=2, num_warps=4, num_stages=3)
 def w8a16_gemv(x, w, w_s, scale_rows: int = 1, bias=None, config: dict | None = None):
     """One token: x [1, K] bf16, w [N, K] e4m3, w_s [ceil(N / scale_rows), KB] f32 powers of two -> [1, N]
     bf16. A weight-streaming dot product per output row on CUDA cores: no 16-row tensor-core tile for
-    one row and no activation quantization, so the time is the weight bytes over the memory bandwidth."""
+    one row and no activation quantization; what it should cost is the weight bytes over the memory bandwidth."""
     if x.dtype != torch.bfloat16 or x.shape[0] != 1:
         raise TypeError(f"w8a16_gemv takes one bfloat16 token (got {x.dtype} {tuple(x.shape)})")
     return _w8a16_gemv(x, w, w_s, scale_rows, bias, config)
