@@ -111,12 +111,13 @@ e2e)
   # at 8 layers fit the 10-minute command (each FlashInfer server precompiles for 1.5-3 min);
   # E2E_MX="NAME=[ENV=VALUE ...] FLAGS" adds an MXFP8 variant, e.g.
   # PRECOMPILE=0 E2E_LAYERS=4 E2E_MX="no CUTLASS prefill=SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
-  # E2E_ARGS passes more options to bench_throughput.py, e.g. E2E_ARGS="--concurrency 16 128"
+  # E2E_ARGS passes more options to bench_throughput.py, e.g. E2E_ARGS="--concurrency 16 128"; each timed round
+  # runs ROUND_SECONDS (default 6) of back-to-back requests per client (ROUND_SECONDS=0: fixed 2 x c requests)
   # the one-token GEMVs served: E2E_MX="gemv=SGLANG_MXFP8_GEMV=1 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   timeout 580 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
     ${E2E_MX:+--mx "$E2E_MX"} \
-    --profile-steps 16 --profile-batch 1 128 ${E2E_ARGS:-}
+    --profile-steps 16 --profile-batch 1 128 --round-seconds "${ROUND_SECONDS:-6}" ${E2E_ARGS:-}
   ;;
 tp-shards)
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_tp2.md" --flashinfer --timer graph --tp 2 2>&1 | tail -30

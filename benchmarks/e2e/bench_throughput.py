@@ -6,7 +6,8 @@ is served by the stock launcher with the same flags except the quantization ones
 time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
 
 - throughput at each --concurrency: 2 x concurrency requests (at least 8) with that many in flight,
-  output tokens / wall time, median of --repeats rounds (all kept in e2e.json), after an untimed round
+  or with --round-seconds S that many clients sending requests back to back for S seconds; output
+  tokens / wall time, median of --repeats rounds (all kept in e2e.json), after an untimed round
   at the same concurrency. Triton kernels (SGLang's MoE, our GEMM) and FlashInfer's SM90 GEMM compile
   on first use of a new tile config or integer specialisation, which a mixed prefill batch can hit
   late: one such stall is 1-3 s, so a single timed round can be off by several times;
@@ -67,11 +68,25 @@ def measure(port: int, args) -> dict:
         with ThreadPoolExecutor(c) as pool:  # warm-up round, untimed
             list(pool.map(lambda p: generate(port, p, 32), [prompt() for _ in range(c)]))
         rates = []
-        for _ in range(args.repeats):
-            prompts = [prompt() for _ in range(max(8, 2 * c))]
+        for r in range(args.repeats):
             t0 = time.perf_counter()
-            with ThreadPoolExecutor(c) as pool:
-                tokens = sum(pool.map(lambda p: generate(port, p, args.output_len), prompts))
+            if args.round_seconds:
+                def client(i, deadline=t0 + args.round_seconds, seed=(c, r)):
+                    """One of c clients: a new request as soon as its last one returns, until the deadline."""
+                    own = random.Random(f"{seed}/{i}")
+                    tokens = 0
+                    while True:
+                        ids = [own.randrange(1000, 150000) for _ in range(args.input_len)]
+                        tokens += generate(port, ids, args.output_len)
+                        if time.perf_counter() >= deadline:
+                            return tokens
+
+                with ThreadPoolExecutor(c) as pool:
+                    tokens = sum(pool.map(client, range(c)))
+            else:
+                prompts = [prompt() for _ in range(max(8, 2 * c))]
+                with ThreadPoolExecutor(c) as pool:
+                    tokens = sum(pool.map(lambda p: generate(port, p, args.output_len), prompts))
             rates.append(tokens / (time.perf_counter() - t0))
         result[f"c{c}"] = statistics.median(rates)
         result[f"c{c}_runs"] = rates
@@ -192,6 +207,10 @@ def main():
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds per concurrency (median reported)")
+    ap.add_argument("--round-seconds", type=float, default=0,
+                    help="timed rounds of this length: c clients each send a new request as soon as the last "
+                         "returns, until then (a 1-3 s stall weighs less than in a short round); 0: each round "
+                         "is a fixed 2 x c requests (at least 8)")
     ap.add_argument("--decode-tokens", type=int, default=512)
     ap.add_argument("--port", type=int, default=30600)
     ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many decode steps per --profile-batch")
@@ -241,7 +260,9 @@ def main():
     b = results["BF16"]
     mx_names = [n for n in results if n != "BF16"]
     lines = [f"Qwen3-30B-A3B-shaped, {args.layers} layers, random weights; input {args.input_len}, output "
-             f"{args.output_len} tokens (ignore_eos); one server at a time, same run; output tok/s (ratio to BF16).",
+             f"{args.output_len} tokens (ignore_eos); one server at a time, same run; output tok/s (ratio to BF16), "
+             f"median of {args.repeats} rounds of " + (f"{args.round_seconds:g} s of back-to-back requests per client."
+                                                      if args.round_seconds else "2 x concurrency requests."),
              "", "| concurrency | BF16 tok/s | " + " | ".join(f"{n} tok/s (ratio)" for n in mx_names) + " |",
              "|---" * (2 + len(mx_names)) + "|"]
     for c in args.concurrency:
