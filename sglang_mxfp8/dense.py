@@ -37,14 +37,16 @@ def weight_only_max_m(n: int) -> int:
 class DenseBackend:
     kernel: str = ""
     block_rows: int = 1
-    gemv = False  # one-token batches on the weight-streaming GEMV (Hopper backends, SGLANG_MXFP8_GEMV=1)
+    gemv = False  # one-token batches on the weight-streaming GEMV (SGLANG_MXFP8_GEMV=1), set with the converter
 
     def __init__(self, choice: resolver.Choice, layer_name: str):
         self.choice = choice
         self.layer_name = layer_name
 
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
+        """The Hopper backends' block-scale converter, and whether one-token batches take the GEMV (which reads it)."""
         layer.mxfp8_converter = BlockScaleConverter(1, n, k, self.block_rows, layer.weight.device, self.layer_name)
+        self.gemv = gemv_enabled()
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         return layer.mxfp8_converter.refresh(layer.weight.data, scale.data)
@@ -72,7 +74,6 @@ class HopperTritonDense(DenseBackend):
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         super().create_buffers(layer, n, k)
         self.weight_only_max_m = weight_only_max_m(n)
-        self.gemv = gemv_enabled()
 
     def weight_only(self, layer, x2: torch.Tensor, bias):
         """The weight-only product for a small BF16 batch, or None where the W8A8 kernel runs."""
@@ -106,10 +107,6 @@ class HopperFlashInferDense(DenseBackend):
 
     kernel = resolver.HOPPER_FLASHINFER
     block_rows = 128
-
-    def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
-        super().create_buffers(layer, n, k)
-        self.gemv = gemv_enabled()
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         stats = super().process_weights_after_loading(layer, scale)
