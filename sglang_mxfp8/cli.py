@@ -122,10 +122,11 @@ def doctor(args) -> int:
         try:
             choice = resolver.resolve_moe(gpu, args.moe_runner_backend, flashinfer=fi, hidden=hidden, intermediate=inter)
             extra, prefill_tokens = "", cutlass_prefill_min_tokens()
-            if choice.kernel == resolver.HOPPER_TRITON_MOE and prefill_tokens:
-                extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
-            if choice.kernel == resolver.HOPPER_TRITON_MOE and gemv_enabled():
-                extra += ONE_TOKEN_GEMV
+            if choice.kernel == resolver.HOPPER_TRITON_MOE:
+                if prefill_tokens:
+                    extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
+                if gemv_enabled():
+                    extra += ONE_TOKEN_GEMV
             print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  MoE experts: ERROR {e}")
