@@ -37,3 +37,15 @@ def test_variant_spec_leading_assignments_are_the_servers_environment():
     assert env == {"SGLANG_MXFP8_WEIGHT_ONLY": "0", "A_B": "x y"}
     assert flags == "--fp8-gemm-backend triton --json-model-override-args '{\"a\": 1}'"
     assert bench.split_env("--flag X=1") == ({}, "--flag X=1")  # a value after a flag stays a flag value
+
+
+def test_kernel_times_counts_the_steps_the_window_holds(tmp_path):
+    """One greedy argmax per decode step: a window that held 3 of the 4 steps asked for divides by 3."""
+    argmax = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>"
+    events = [{"cat": "kernel", "name": "moe_gemm", "dur": 30.0}] * 6 + [{"cat": "kernel", "name": argmax, "dur": 4.0}] * 3
+    trace = tmp_path / "t.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    rows = bench.kernel_times(trace, steps=4)
+    assert rows[0] == ("moe_gemm", 2.0, 60.0)
+    assert rows[1] == (argmax, 1.0, 4.0)
