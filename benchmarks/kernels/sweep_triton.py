@@ -102,6 +102,19 @@ def sweep_w8a16(out):
     open(out, "w").write("\n".join(lines) + "\n")
 
 
+def qwen3_moe_layer():
+    """SGLang's fused MoE (with the server args its kernels read), a seeded generator and the Qwen3-30B-A3B
+    layer's experts from bench_moe.experts: (outplace_fused_experts, gen, (w13_16, w2_16, q13, q2, c13, c2))."""
+    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from bench_moe import I, experts  # this folder
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return outplace_fused_experts, gen, experts(I, gen)[:6]
+
+
 MOE_W8A16_TOKENS = [1, 4, 16, 32, 64]
 MOE_W8A16_GRID = [dict(BLOCK_M=16, BLOCK_N=bn, num_warps=w, num_stages=st)
                   for bn, w, st in itertools.product((32, 64, 128), (2, 4, 8), (3, 4, 5))]
@@ -109,21 +122,17 @@ MOE_W8A16_GRID = [dict(BLOCK_M=16, BLOCK_N=bn, num_warps=w, num_stages=st)
 
 def sweep_moe_w8a16(out):
     """Weight-only fused MoE tiles on the Qwen3-30B-A3B layer (its 1.2 GB of experts exceed L2)."""
-    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+    from bench_moe import E, H, I, routing  # this folder
 
-    from bench_moe import E, H, I, experts, routing  # this folder
-
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
+    fused_experts, gen, (w13_16, w2_16, q13, q2, c13, c2) = qwen3_moe_layer()
     lines = [f"GPU: {torch.cuda.get_device_name()}; E={E} H={H} I={I}; GPU time per MoE layer in a CUDA graph, us", "",
              "| tokens | BF16 fused MoE | weight-only default cfg | weight-only best cfg | best cfg | best vs BF16 | "
              "configs tried |", "|---|---|---|---|---|---|---|"]
     for m in MOE_W8A16_TOKENS:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
         tw, ids = routing(m, gen)
-        t16 = graph_us([lambda: outplace_fused_experts(x, w13_16, w2_16, tw, ids)])
+        t16 = graph_us([lambda: fused_experts(x, w13_16, w2_16, tw, ids)])
+
         def moe(cfg):
             return th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)
 
@@ -142,10 +151,7 @@ MOE_GEMV_GRID = [dict(BLOCK_N=bn, DOWN_BLOCK_N=dn, GROUPS=g, num_warps=w, num_st
 
 def sweep_gemv(out):
     """One-token GEMV tiles: the dense shapes over distinct weight copies, then the MoE layer."""
-    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
-    from bench_moe import E, H, I, experts, routing  # this folder
+    from bench_moe import E, H, I, routing  # this folder
 
     lines = [f"GPU: {torch.cuda.get_device_name()}; one token; GPU time per call inside one CUDA graph, microseconds "
              f"(dense: over {WORKING_SET >> 20} MiB of distinct weights)", "",
@@ -164,14 +170,12 @@ def sweep_gemv(out):
         print(lines[-1], flush=True)
         del ws, w16
         torch.cuda.empty_cache()
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
+    fused_experts, gen, (w13_16, w2_16, q13, q2, c13, c2) = qwen3_moe_layer()
     x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=gen)
     tw, ids = routing(1, gen)
-    t16 = graph_us([lambda: outplace_fused_experts(x, w13_16, w2_16, tw, ids)])
-    t8 = graph_us([lambda: outplace_fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale,
-                                                  w2_scale=c2.block_scale, block_shape=[128, 128])])
+    t16 = graph_us([lambda: fused_experts(x, w13_16, w2_16, tw, ids)])
+    t8 = graph_us([lambda: fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale,
+                                         w2_scale=c2.block_scale, block_shape=[128, 128])])
 
     def moe(cfg):
         return th.moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)
