@@ -109,7 +109,8 @@ e2e)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
   # MoE batches of 2048+ tokens run SGLang's CUTLASS grouped MoE (sglang_mxfp8/moe_hopper.py). Two servers
   # at 8 layers fit the 10-minute command with fixed-size rounds (each FlashInfer server precompiles for
-  # 1.5-3 min); the 6 s rounds and the batch-128 profile add ~1 min per server, so run e2e-prep first;
+  # 1.5-3 min); the 6 s rounds and the batch-128 profile should add about a minute per server (not yet
+  # timed), so run e2e-prep first;
   # E2E_MX="NAME=[ENV=VALUE ...] FLAGS" adds an MXFP8 variant, e.g.
   # PRECOMPILE=0 E2E_LAYERS=4 E2E_MX="no CUTLASS prefill=SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   # E2E_ARGS passes more options to bench_throughput.py, e.g. E2E_ARGS="--concurrency 16 128"; each timed round
