@@ -156,7 +156,7 @@ tables)
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md" 2>&1 | grep "^|"
   ;;
 gemv)
-  python3 -m pytest -q tests/gpu -k gemv 2>&1 | tail -3
+  python3 -m pytest -q tests/gpu -k gemv 2>&1 | tee "$OUT/pytest_gemv.txt" | tail -30
   (cd benchmarks/kernels && timeout 480 python3 sweep_triton.py --kernel gemv --out "$OUT/sweep_gemv.md" 2>&1 | grep "^|")
   ;;
 prefill)
