@@ -34,6 +34,14 @@ def _layer(backend_cls, n, k, seed=0):
     return layer, be
 
 
+def _kernels_launched(fn):
+    """Names of the CUDA kernels fn() launches, from torch's profiler: which path ran, not what it returned."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
 def _reference(layer, be, x):
     """float32 product of the operands the kernel sees: 1x128-quantized activation x converted weight."""
     from sglang_mxfp8.numerics import quantize_activation_1x128
@@ -343,8 +351,11 @@ def test_moe_apply_runs_one_token_on_the_gemv():
 
     one = apply(1)
     assert torch.equal(one, moe_gemv(x[:1], w13, c13.block_scale, w2, c2.block_scale, tw[:1], ids[:1]))
+    assert "_moe_gemv_down_kernel" in _kernels_launched(lambda: apply(1))
+    assert "_moe_gemv_down_kernel" not in _kernels_launched(lambda: apply(2))
     two = apply(2)
     method.gemv = False
+    assert "_moe_gemv_down_kernel" not in _kernels_launched(lambda: apply(1))
     assert torch.equal(two, apply(2))  # two tokens: the Triton fused MoE either way
     triton_one = apply(1).float()
     rel = ((one.float() - triton_one).norm() / triton_one.norm()).item()
@@ -363,7 +374,10 @@ def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
     x = torch.randn(2, 2048, device="cuda", dtype=torch.bfloat16)
     one = be.apply(layer, x[:1])
     assert torch.equal(one, w8a16_gemv(x[:1], layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows))
+    # outputs alone cannot tell the paths apart (the weight-only kernel can agree bit for bit): the kernel names do
+    assert "_w8a16_gemv_kernel" in _kernels_launched(lambda: be.apply(layer, x[:1]))
+    assert "_w8a16_gemv_kernel" not in _kernels_launched(lambda: be.apply(layer, x))
     two = be.apply(layer, x)
     be.gemv = False
+    assert "_w8a16_gemv_kernel" not in _kernels_launched(lambda: be.apply(layer, x[:1]))
     assert torch.equal(two, be.apply(layer, x))
-    assert not torch.equal(one, be.apply(layer, x[:1]))  # the paths are distinguishable
