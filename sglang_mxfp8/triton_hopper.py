@@ -273,9 +273,11 @@ def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_
 
 
 @triton.jit
-def _gemv_dot(x_ptr, w_rows, mask_n, s_rows, K, KB, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
-    """float32 [BLOCK_N] = W[rows] (e4m3 x its per-128-K power-of-two scale) . x[:K] over all of K, on CUDA
-    cores, GROUPS 128-wide K groups per loop step."""
+def _gemv_dot(x_ptr, up_offset, w_rows, mask_n, s_rows, K, KB,
+              GATED: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    """float32 [BLOCK_N] = W[rows] (e4m3 x its per-128-K power-of-two scale) . a over all of K, on CUDA
+    cores, GROUPS 128-wide K groups per loop step. a = x[:K], or silu(x[:K]) * x[up_offset:][:K] rounded to
+    x's dtype when GATED (SGLang's silu_and_mul, fused into the load)."""
     offs = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
     for kb0 in range(0, KB, GROUPS):
@@ -284,6 +286,9 @@ def _gemv_dot(x_ptr, w_rows, mask_n, s_rows, K, KB, BLOCK_N: tl.constexpr, GROUP
             k = kb * 128 + offs
             mk = k < K
             a = tl.load(x_ptr + k, mask=mk, other=0.0).to(tl.float32)
+            if GATED:
+                up = tl.load(x_ptr + up_offset + k, mask=mk, other=0.0).to(tl.float32)
+                a = (a * tl.sigmoid(a) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
             w = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0).to(tl.float32)
             s = tl.load(s_rows + kb, mask=mask_n & (kb < KB), other=0.0)
             acc += w * a[None, :] * s[:, None]
@@ -295,8 +300,8 @@ def _w8a16_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, N, K, KB, stride_wn
                        SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    acc = _gemv_dot(x_ptr, w_ptr + offs_n[:, None] * stride_wn, mask_n, s_ptr + (offs_n // SCALE_ROWS) * stride_sn,
-                    K, KB, BLOCK_N, GROUPS)
+    acc = _gemv_dot(x_ptr, 0, w_ptr + offs_n[:, None] * stride_wn, mask_n, s_ptr + (offs_n // SCALE_ROWS) * stride_sn,
+                    K, KB, False, BLOCK_N, GROUPS)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
@@ -354,8 +359,8 @@ def _moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, up_ptr, N, K, KB,
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = (offs_n < N) & (expert >= 0)
-    acc = _gemv_dot(x_ptr, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
-                    s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, K, KB, BLOCK_N, GROUPS)
+    acc = _gemv_dot(x_ptr, 0, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
+                    s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, K, KB, False, BLOCK_N, GROUPS)
     tl.store(up_ptr + slot * stride_up + offs_n, acc.to(up_ptr.dtype.element_ty), mask=offs_n < N)
 
 
@@ -364,33 +369,16 @@ def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB
                           stride_up, stride_we, stride_wn, stride_se, stride_sn,
                           TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     """y = sum over slots of weight[slot] * W2[expert of slot] . silu_and_mul(up[slot]): the down
-    projection, the activation, the routing weights and the sum over experts in one launch. One loop runs
-    over the K groups of every slot in turn, so loads pipeline across experts; the routing weight is folded
-    into the power-of-two block scale (their product is exact in float32). silu_and_mul is rounded to up's
-    dtype, as SGLang's own kernel writes it."""
-    offs = tl.arange(0, 128)
+    projection, the activation, the routing weights and the sum over experts in one launch."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_n = offs_n < N
-    acc = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
-    for j0 in range(0, TOP_K * KB, GROUPS):
-        for g in tl.static_range(GROUPS):
-            j = j0 + g
-            slot = j // KB
-            kb = j - slot * KB
-            live = j < TOP_K * KB
-            expert = tl.load(ids_ptr + slot, mask=live, other=-1).to(tl.int64)
-            ok = live & (expert >= 0)
-            k = kb * 128 + offs
-            mk = (k < I) & ok
-            gate = tl.load(up_ptr + slot * stride_up + k, mask=mk, other=0.0).to(tl.float32)
-            up = tl.load(up_ptr + slot * stride_up + I + k, mask=mk, other=0.0).to(tl.float32)
-            a = (gate * tl.sigmoid(gate) * up).to(up_ptr.dtype.element_ty).to(tl.float32)
-            w = tl.load(w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + k[None, :],
-                        mask=in_n[:, None] & mk[None, :], other=0.0).to(tl.float32)
-            s = tl.load(s_ptr + expert * stride_se + (offs_n // 128) * stride_sn + kb, mask=in_n & ok, other=0.0)
-            s = s * tl.load(tw_ptr + slot, mask=live, other=0.0).to(tl.float32)
-            acc += w * a[None, :] * s[:, None]
-    tl.store(y_ptr + offs_n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=in_n)
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for slot in tl.static_range(TOP_K):
+        expert = tl.load(ids_ptr + slot).to(tl.int64)
+        mask_n = (offs_n < N) & (expert >= 0)
+        acc = _gemv_dot(up_ptr + slot * stride_up, I, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
+                        s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, I, KB, True, BLOCK_N, GROUPS)
+        total += tl.load(tw_ptr + slot).to(tl.float32) * acc
+    tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 # H200 tile sweep of the Qwen3-30B-A3B MoE (E=128, H=2048, I=768, top-8): see RESULTS
