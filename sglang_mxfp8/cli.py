@@ -68,12 +68,25 @@ def startup_hook_status() -> str:
     return "active (sglang_mxfp8.pth patches SGLang in every process it starts)"
 
 
-ONE_TOKEN_GEMV = "; one-token batches on the weight-streaming GEMV (SGLANG_MXFP8_GEMV=1)"
+MOE_GEMV = "; one-token batches on the GEMV MoE (SGLANG_MXFP8_MOE_GEMV=1; slower than the Triton MoE on the H200)"
+
+
+def gemv_line(kernel: str) -> str:
+    """Doctor's line on the one-token GEMV of a Hopper dense backend ('' where it runs on no layer)."""
+    from .dense import backend_class
+    from .envs import dense_gemv_enabled
+
+    shapes = backend_class(kernel).gemv_shapes
+    if not shapes or not dense_gemv_enabled():
+        return ""
+    listed = ", ".join(f"[{n} x {k}]" for n, k in sorted(shapes))
+    return (f"  one-token batches on the weight-streaming GEMV: {kernel} layers of {listed} (as served: SGLang fuses "
+            f"q/k/v and gate/up); SGLANG_MXFP8_GEMV=0 turns it off")
 
 
 def doctor(args) -> int:
     from .dense import weight_only_max_m
-    from .envs import gemv_enabled
+    from .envs import moe_gemv_enabled
     from .flashinfer_sm90 import precompile_enabled
     from .gpu import flashinfer_available
     from .moe_hopper import cutlass_prefill_min_tokens
@@ -99,6 +112,7 @@ def doctor(args) -> int:
     print(f"checkpoint: {ckpt} ({flavor} MXFP8, scales '{fmt.scale_name}', {len(fmt.ignored)} modules kept unquantized)")
     status = 0
     experts: Dict[str, Tuple[int, int]] = {}
+    dense_kernels = set()
     for kind, (role, n, k, count) in layer_kinds(ckpt).items():
         if role == "experts":
             experts[kind] = (n, k)
@@ -110,12 +124,13 @@ def doctor(args) -> int:
                 extra = f"; weight-only FP8 GEMM for batches of up to {small_m} tokens"
             elif choice.kernel == resolver.HOPPER_FLASHINFER and precompile_enabled():
                 extra = "; its kernels compiled while the model loads"
-            if choice.kernel in (resolver.HOPPER_TRITON, resolver.HOPPER_FLASHINFER) and gemv_enabled():
-                extra += ONE_TOKEN_GEMV
+            dense_kernels.add(choice.kernel)
             print(f"  dense {kind} [{n} x {k}] x{count}: {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  dense {kind}: ERROR {e}")
             status = 1
+    for line in filter(None, map(gemv_line, sorted(dense_kernels))):
+        print(line)
     if experts:
         hidden = next(k for kind, (n, k) in experts.items() if not kind.endswith("down_proj"))
         inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))
@@ -125,8 +140,8 @@ def doctor(args) -> int:
             if choice.kernel == resolver.HOPPER_TRITON_MOE:
                 if prefill_tokens:
                     extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
-                if gemv_enabled():
-                    extra += ONE_TOKEN_GEMV
+                if moe_gemv_enabled():
+                    extra += MOE_GEMV
             print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  MoE experts: ERROR {e}")

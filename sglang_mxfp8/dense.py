@@ -13,7 +13,7 @@ from typing import Optional, Type
 import torch
 
 from . import resolver
-from .envs import env_switch, gemv_enabled
+from .envs import dense_gemv_enabled, env_switch
 from .gpu import current_gpu, flashinfer_available
 from .refit import BlockScaleConverter
 
@@ -26,6 +26,8 @@ WEIGHT_ONLY_ENV = "SGLANG_MXFP8_WEIGHT_ONLY"
 # FlashInfer's fused-quantization GEMM beat it at M <= 16.
 WEIGHT_ONLY_MAX_M = 16
 WEIGHT_ONLY_MAX_N = 5120
+# Served [N, K] (Qwen3-30B-A3B's qkv and o) whose one-token batches the Hopper backends give the GEMV
+HOPPER_GEMV_SHAPES = frozenset({(5120, 2048), (2048, 4096)})
 
 
 def weight_only_max_m(n: int) -> int:
@@ -37,7 +39,10 @@ def weight_only_max_m(n: int) -> int:
 class DenseBackend:
     kernel: str = ""
     block_rows: int = 1
-    gemv = False  # one-token batches on the weight-streaming GEMV (SGLANG_MXFP8_GEMV=1), set with the converter
+    gemv = False  # this layer's one-token batches run the weight-streaming GEMV; set with the converter
+    # (N, K) of served layers (after SGLang fuses q/k/v and gate/up) where the one-token GEMV ran faster than
+    # this backend's own kernel at M = 1 on the H200 (benchmarks/RESULTS.md, "One-token GEMVs")
+    gemv_shapes: frozenset = frozenset()
 
     def __init__(self, choice: resolver.Choice, layer_name: str):
         self.choice = choice
@@ -46,7 +51,12 @@ class DenseBackend:
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         """The Hopper backends' block-scale converter, and whether one-token batches take the GEMV (which reads it)."""
         layer.mxfp8_converter = BlockScaleConverter(1, n, k, self.block_rows, layer.weight.device, self.layer_name)
-        self.gemv = gemv_enabled()
+        self.gemv = self.takes_gemv(n, k)
+
+    @classmethod
+    def takes_gemv(cls, n: int, k: int) -> bool:
+        """Whether a served [n, k] layer on this backend runs one-token batches on the GEMV."""
+        return (n, k) in cls.gemv_shapes and dense_gemv_enabled()
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         return layer.mxfp8_converter.refresh(layer.weight.data, scale.data)
@@ -68,6 +78,8 @@ class HopperTritonDense(DenseBackend):
 
     kernel = resolver.HOPPER_TRITON
     block_rows = 1
+    # against the weight-only GEMM: 1.22x, 1.37x; not 4096->14336, whose W8A8 whole op (22.8 us) was faster
+    gemv_shapes = HOPPER_GEMV_SHAPES
 
     weight_only_max_m = 0  # set per layer by create_buffers
 
@@ -107,6 +119,9 @@ class HopperFlashInferDense(DenseBackend):
 
     kernel = resolver.HOPPER_FLASHINFER
     block_rows = 128
+    # against FlashInfer's whole op (its quantizer + GEMM) in a served batch-1 step: 1.18x on the two together;
+    # on Llama-3-8B's MLP it was 17-27% slower than FlashInfer's time from an earlier run
+    gemv_shapes = HOPPER_GEMV_SHAPES
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         stats = super().process_weights_after_loading(layer, scale)

@@ -13,9 +13,17 @@ def env_switch(name: str, default: bool) -> bool:
 
 
 GEMV_ENV = "SGLANG_MXFP8_GEMV"
+MOE_GEMV_ENV = "SGLANG_MXFP8_MOE_GEMV"
 
 
-def gemv_enabled() -> bool:
-    """One-token batches (batch-1 decode) on the weight-streaming GEMVs of sglang_mxfp8.triton_hopper, in the
-    Hopper dense backends and MoE. Opt-in (SGLANG_MXFP8_GEMV=1) until its served effect is measured."""
-    return env_switch(GEMV_ENV, default=False)
+def dense_gemv_enabled() -> bool:
+    """One-token batches (batch-1 decode) of the Hopper dense layers on the weight-streaming GEMV of
+    sglang_mxfp8.triton_hopper, for the layer shapes each backend lists as measured faster on the H200
+    (``DenseBackend.gemv_shapes``). On unless SGLANG_MXFP8_GEMV=0."""
+    return env_switch(GEMV_ENV, default=True)
+
+
+def moe_gemv_enabled() -> bool:
+    """One-token batches of the Hopper MoE on the two-launch GEMV MoE. Opt-in (SGLANG_MXFP8_MOE_GEMV=1): on
+    the H200 it ran slower than the Triton fused MoE it replaces (benchmarks/RESULTS.md)."""
+    return env_switch(MOE_GEMV_ENV, default=False)

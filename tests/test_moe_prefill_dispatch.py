@@ -1,5 +1,5 @@
 """Which MoE layers and batches the Hopper MoE path runs on SGLang's CUTLASS grouped MoE or the one-token
-GEMV, the SGLANG_MXFP8_CUTLASS_PREFILL_MOE and SGLANG_MXFP8_GEMV switches, and the CUTLASS scratch tensors
+GEMV, the SGLANG_MXFP8_CUTLASS_PREFILL_MOE and SGLANG_MXFP8_MOE_GEMV switches, and the CUTLASS scratch tensors
 (the kernels' numerics and the apply() dispatch itself: tests/gpu)."""
 
 import dataclasses
@@ -76,11 +76,12 @@ def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch):
     assert "CUTLASS grouped" not in capsys.readouterr().out
 
 
-def test_one_token_gemv_is_opt_in(monkeypatch):
-    monkeypatch.delenv(envs.GEMV_ENV, raising=False)
-    assert not envs.gemv_enabled()
-    monkeypatch.setenv(envs.GEMV_ENV, "1")
-    assert envs.gemv_enabled()
+def test_gemv_moe_is_opt_in(monkeypatch):
+    monkeypatch.delenv(envs.MOE_GEMV_ENV, raising=False)
+    monkeypatch.setenv(envs.GEMV_ENV, "1")  # the dense GEMV's switch is not the MoE's
+    assert not envs.moe_gemv_enabled()
+    monkeypatch.setenv(envs.MOE_GEMV_ENV, "1")
+    assert envs.moe_gemv_enabled()
 
 
 @pytest.mark.parametrize("change,ep_size", [({}, 1), (dict(activation="gelu"), 1), (dict(gemm1_alpha=1.702), 1), ({}, 2)])
@@ -100,14 +101,24 @@ def test_layers_our_moe_paths_cannot_compute_keep_every_batch_on_triton(change, 
     assert (method.gemv, method.prefill_min_tokens) == ((True, 2048) if supported else (False, 0))
 
 
-def test_doctor_names_the_one_token_gemv_when_enabled(tmp_path, capsys, monkeypatch):
-    from sglang_mxfp8.cli import ONE_TOKEN_GEMV
+def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
+    """The dense GEMV's line lists the served shapes it runs on (the tiny model has none of them, and doctor
+    does not pretend it does); the MoE's shows only when opted in; SGLANG_MXFP8_GEMV=0 removes the dense one."""
+    from sglang_mxfp8.cli import MOE_GEMV
+    from sglang_mxfp8.dense import HopperFlashInferDense
 
     cli, doctor = _doctor_on_tiny_model(tmp_path)
+    doctor += ["--fp8-gemm-backend", "flashinfer_trtllm"]
     monkeypatch.delenv(envs.GEMV_ENV, raising=False)
+    monkeypatch.delenv(envs.MOE_GEMV_ENV, raising=False)
     assert cli(doctor) == 0
-    assert "GEMV" not in capsys.readouterr().out
-    monkeypatch.setenv(envs.GEMV_ENV, "1")
+    out = capsys.readouterr().out.splitlines()
+    assert [s for s in out if "GEMV" in s] == [
+        "  one-token batches on the weight-streaming GEMV: hopper_flashinfer_blockscale layers of [2048 x 4096], [5120 x 2048] "
+        "(as served: SGLang fuses q/k/v and gate/up); SGLANG_MXFP8_GEMV=0 turns it off"]
+    assert HopperFlashInferDense.gemv_shapes == {(2048, 4096), (5120, 2048)}
+    monkeypatch.setenv(envs.GEMV_ENV, "0")
+    monkeypatch.setenv(envs.MOE_GEMV_ENV, "1")
     assert cli(doctor) == 0
-    lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith(("  dense", "  MoE"))]
-    assert lines and all(s.endswith(ONE_TOKEN_GEMV) for s in lines), lines
+    lines = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
+    assert len(lines) == 1 and lines[0].startswith("  MoE experts") and lines[0].endswith(MOE_GEMV), lines

@@ -1,5 +1,5 @@
 """Which batches and layers the Triton backend serves with the weight-only FP8 GEMM, and the
-SGLANG_MXFP8_WEIGHT_ONLY switch; which ones the Hopper backends serve with the one-token GEMV, and the
+SGLANG_MXFP8_WEIGHT_ONLY switch; which layers the Hopper backends serve with the one-token GEMV, and the
 SGLANG_MXFP8_GEMV switch (the kernels' numerics: test_triton_cpu.py, tests/gpu)."""
 
 import pytest
@@ -43,12 +43,20 @@ def test_weight_only_switch_off(value, monkeypatch):
 
 
 @pytest.mark.parametrize("cls", [HopperTritonDense, HopperFlashInferDense])
-def test_one_token_gemv_is_opt_in(cls, monkeypatch):
+def test_one_token_gemv_runs_on_the_shapes_measured_faster(cls, monkeypatch):
+    """Qwen3-30B-A3B's attention layers (as served: q/k/v fused) take the GEMV at one token by default; a layer
+    shape the H200 never measured, or measured slower, keeps the backend's own kernel; SGLANG_MXFP8_GEMV=0: none."""
+    from sglang_mxfp8.triton_hopper import GEMV_TUNED
+
     monkeypatch.delenv(envs.GEMV_ENV, raising=False)
-    layer, be = _triton_layer(2048, cls=cls)
-    assert not be.gemv and be.one_token(layer, torch.randn(1, 256, dtype=torch.bfloat16), None) is None
-    monkeypatch.setenv(envs.GEMV_ENV, "1")
-    layer, be = _triton_layer(2048, cls=cls)
+    assert cls.gemv_shapes >= {(5120, 2048), (2048, 4096)} and cls.gemv_shapes <= GEMV_TUNED.keys()  # swept configs
+    assert not cls.gemv_shapes & {(14336, 4096), (4096, 14336)}  # Llama-3-8B's MLP: slower on both backends
+    layer, be = _triton_layer(5120, 2048, cls=cls)
     assert be.gemv
-    assert be.one_token(layer, torch.randn(2, 256, dtype=torch.bfloat16), None) is None  # two tokens: its own kernel
-    assert be.one_token(layer, torch.randn(1, 256, dtype=torch.float16), None) is None  # exact in bf16 only
+    assert be.one_token(layer, torch.randn(2, 2048, dtype=torch.bfloat16), None) is None  # two tokens: its own kernel
+    assert be.one_token(layer, torch.randn(1, 2048, dtype=torch.float16), None) is None  # exact in bf16 only
+    assert _triton_layer(2048, 4096, cls=cls)[1].gemv
+    assert not _triton_layer(2048, 2048, cls=cls)[1].gemv  # not measured
+    monkeypatch.setenv(envs.GEMV_ENV, "0")
+    layer, be = _triton_layer(5120, 2048, cls=cls)
+    assert not be.gemv and be.one_token(layer, torch.randn(1, 2048, dtype=torch.bfloat16), None) is None

@@ -62,6 +62,7 @@ def test_backend_matches_reference(m, backend_cls, n, k):
     if backend_cls is HopperFlashInferDense:
         pytest.importorskip("flashinfer")
     layer, be = _layer(backend_cls, n, k)
+    be.gemv = False  # the backend's own kernel at one token too; the one-token GEMV is tested below
     if backend_cls is HopperTritonDense:
         be.weight_only_max_m = 0  # its W8A8 kernel here; small batches' weight-only product is tested below
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -125,6 +126,7 @@ def test_apply_serves_small_batches_weight_only():
     from sglang_mxfp8.triton_hopper import w8a16_gemm
 
     layer, be = _layer(HopperTritonDense, 2048, 4096)
+    be.gemv = False  # one token would take the GEMV on this shape (tested below)
     limit = be.weight_only_max_m
     assert limit >= 1
     for m in (1, limit, limit + 1):
@@ -321,7 +323,7 @@ def test_precompile_compiles_exactly_the_kernels_flashinfer_selects(tmp_path):
 
 
 def test_moe_apply_runs_one_token_on_the_gemv():
-    """With SGLANG_MXFP8_GEMV=1, Mxfp8MoEMethod.apply runs one token on the GEMV MoE and two on SGLang's Triton
+    """With SGLANG_MXFP8_MOE_GEMV=1, Mxfp8MoEMethod.apply runs one token on the GEMV MoE and two on SGLang's Triton
     fused MoE; the two agree to FP8 accuracy."""
     from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
@@ -364,7 +366,8 @@ def test_moe_apply_runs_one_token_on_the_gemv():
 
 @pytest.mark.parametrize("backend_cls", [HopperTritonDense, HopperFlashInferDense])
 def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
-    """With SGLANG_MXFP8_GEMV=1 both Hopper dense backends run one token on the GEMV and two on their own kernel."""
+    """On a shape they list (SGLANG_MXFP8_GEMV on) both Hopper dense backends run one token on the GEMV and two
+    on their own kernel."""
     from sglang_mxfp8.envs import GEMV_ENV
     from sglang_mxfp8.triton_hopper import w8a16_gemv
 
