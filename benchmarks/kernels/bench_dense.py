@@ -55,6 +55,7 @@ def make(cls, n, k):
     layer.weight = torch.nn.Parameter(q, requires_grad=False)
     be = cls(Choice(cls.kernel, "bench"), "bench")
     be.create_buffers(layer, n, k)
+    be.gemv = False  # the backend's own kernel at M = 1 too; the one-token GEMV has its own column
     if cls is HopperTritonDense:
         be.weight_only_max_m = 0  # its W8A8 kernel at every M; the weight-only kernel has its own column
     be.process_weights_after_loading(layer, s)
