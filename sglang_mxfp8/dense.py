@@ -51,12 +51,7 @@ class DenseBackend:
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         """The Hopper backends' block-scale converter, and whether one-token batches take the GEMV (which reads it)."""
         layer.mxfp8_converter = BlockScaleConverter(1, n, k, self.block_rows, layer.weight.device, self.layer_name)
-        self.gemv = self.takes_gemv(n, k)
-
-    @classmethod
-    def takes_gemv(cls, n: int, k: int) -> bool:
-        """Whether a served [n, k] layer on this backend runs one-token batches on the GEMV."""
-        return (n, k) in cls.gemv_shapes and dense_gemv_enabled()
+        self.gemv = (n, k) in self.gemv_shapes and dense_gemv_enabled()
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         return layer.mxfp8_converter.refresh(layer.weight.data, scale.data)
