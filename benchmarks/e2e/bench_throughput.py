@@ -59,8 +59,8 @@ def generate(port: int, ids, new_tokens: int) -> int:
 def measure(port: int, args) -> dict:
     rng = random.Random(0)
 
-    def prompt():
-        return [rng.randrange(1000, 150000) for _ in range(args.input_len)]
+    def prompt(r=rng):
+        return [r.randrange(1000, 150000) for _ in range(args.input_len)]
 
     generate(port, prompt(), 8)
     result = {}
@@ -76,8 +76,7 @@ def measure(port: int, args) -> dict:
                     own = random.Random(f"{seed}/{i}")
                     tokens = 0
                     while True:
-                        ids = [own.randrange(1000, 150000) for _ in range(args.input_len)]
-                        tokens += generate(port, ids, args.output_len)
+                        tokens += generate(port, prompt(own), args.output_len)
                         if time.perf_counter() >= deadline:
                             return tokens
 
