@@ -10,7 +10,7 @@ from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.resolver import Choice
 
 
-def _triton_layer(n: int, k: int = 256, cls=HopperTritonDense):
+def _hopper_layer(n: int, k: int = 256, cls=HopperTritonDense):
     """A Hopper-backend layer as SGLang's loader builds it (weight, then the backend's buffers)."""
     be = cls(Choice(cls.kernel, "test"), "model.layers.0.self_attn.qkv_proj")
     layer = torch.nn.Module()
@@ -21,7 +21,7 @@ def _triton_layer(n: int, k: int = 256, cls=HopperTritonDense):
 
 def test_triton_backend_serves_small_bf16_batches_weight_only(monkeypatch):
     monkeypatch.delenv(dense.WEIGHT_ONLY_ENV, raising=False)
-    layer, be = _triton_layer(2048)
+    layer, be = _hopper_layer(2048)
     assert be.weight_only_max_m == dense.WEIGHT_ONLY_MAX_M == 16
     big = torch.randn(dense.WEIGHT_ONLY_MAX_M + 1, 256, dtype=torch.bfloat16)
     half = torch.randn(1, 256, dtype=torch.float16)
@@ -33,13 +33,13 @@ def test_triton_backend_serves_small_bf16_batches_weight_only(monkeypatch):
 def test_triton_backend_keeps_w8a8_for_wide_layers(n, expected, monkeypatch):
     """4096->14336 ran faster on the W8A8 kernel at M <= 16 on the H200; N <= 5120 on the weight-only one."""
     monkeypatch.delenv(dense.WEIGHT_ONLY_ENV, raising=False)
-    assert _triton_layer(n)[1].weight_only_max_m == expected == dense.weight_only_max_m(n)
+    assert _hopper_layer(n)[1].weight_only_max_m == expected == dense.weight_only_max_m(n)
 
 
 @pytest.mark.parametrize("value", ["0", "off", "False"])
 def test_weight_only_switch_off(value, monkeypatch):
     monkeypatch.setenv(dense.WEIGHT_ONLY_ENV, value)
-    assert _triton_layer(2048)[1].weight_only_max_m == 0
+    assert _hopper_layer(2048)[1].weight_only_max_m == 0
 
 
 @pytest.mark.parametrize("cls", [HopperTritonDense, HopperFlashInferDense])
@@ -51,12 +51,12 @@ def test_one_token_gemv_runs_on_the_shapes_measured_faster(cls, monkeypatch):
     monkeypatch.delenv(envs.GEMV_ENV, raising=False)
     assert cls.gemv_shapes >= {(5120, 2048), (2048, 4096)} and cls.gemv_shapes <= GEMV_TUNED.keys()  # swept configs
     assert not cls.gemv_shapes & {(14336, 4096), (4096, 14336)}  # Llama-3-8B's MLP: slower on both backends
-    layer, be = _triton_layer(5120, 2048, cls=cls)
+    layer, be = _hopper_layer(5120, 2048, cls=cls)
     assert be.gemv
     assert be.one_token(layer, torch.randn(2, 2048, dtype=torch.bfloat16), None) is None  # two tokens: its own kernel
     assert be.one_token(layer, torch.randn(1, 2048, dtype=torch.float16), None) is None  # exact in bf16 only
-    assert _triton_layer(2048, 4096, cls=cls)[1].gemv
-    assert not _triton_layer(2048, 2048, cls=cls)[1].gemv  # not measured
+    assert _hopper_layer(2048, 4096, cls=cls)[1].gemv
+    assert not _hopper_layer(2048, 2048, cls=cls)[1].gemv  # not measured
     monkeypatch.setenv(envs.GEMV_ENV, "0")
-    layer, be = _triton_layer(5120, 2048, cls=cls)
+    layer, be = _hopper_layer(5120, 2048, cls=cls)
     assert not be.gemv and be.one_token(layer, torch.randn(1, 2048, dtype=torch.bfloat16), None) is None
