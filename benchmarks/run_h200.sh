@@ -10,7 +10,7 @@
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 #   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 kernels for small M: GPU tests, dense and MoE tile sweeps
 #   bash benchmarks/run_h200.sh tables    # dense (CUDA-graph timer) and MoE tables with every candidate kernel
-#   bash benchmarks/run_h200.sh gemv      # one-token GEMVs (dense, MoE): GPU tests and tile sweep vs BF16 and our MXFP8 paths
+#   bash benchmarks/run_h200.sh gemv      # one-token GEMVs (dense, MoE): GPU tests and tile sweeps vs BF16 and our MXFP8 paths
 #   bash benchmarks/run_h200.sh prefill   # MoE GPU tests (weight-only, CUTLASS prefill path) + the MoE candidates table
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
 #   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own)
@@ -158,7 +158,9 @@ tables)
   ;;
 gemv)
   python3 -m pytest -q tests/gpu -k gemv 2>&1 | tee "$OUT/pytest_gemv.txt" | tail -30
-  (cd benchmarks/kernels && timeout 480 python3 sweep_triton.py --kernel gemv --out "$OUT/sweep_gemv.md" 2>&1 | grep "^|")
+  for k in ${GEMV_SWEEPS:-gemv moe_gemv}; do  # GEMV_SWEEPS=moe_gemv: the MoE's sweep alone
+    (cd benchmarks/kernels && timeout 400 python3 sweep_triton.py --kernel "$k" --out "$OUT/sweep_$k.md" 2>&1 | grep "^|")
+  done
   ;;
 prefill)
   python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4

@@ -273,11 +273,9 @@ def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_
 
 
 @triton.jit
-def _gemv_dot(x_ptr, up_offset, w_rows, mask_n, s_rows, K, KB,
-              GATED: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
-    """float32 [BLOCK_N] = W[rows] (e4m3 x its per-128-K power-of-two scale) . a over all of K, on CUDA
-    cores, GROUPS 128-wide K groups per loop step. a = x[:K], or silu(x[:K]) * x[up_offset:][:K] rounded to
-    x's dtype when GATED (SGLang's silu_and_mul, fused into the load)."""
+def _gemv_dot(x_ptr, w_rows, mask_n, s_rows, K, KB, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    """float32 [BLOCK_N] = W[rows] (e4m3 x its per-128-K power-of-two scale) . x[:K] over all of K, on CUDA
+    cores, GROUPS 128-wide K groups per loop step."""
     offs = tl.arange(0, 128)
     acc = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
     for kb0 in range(0, KB, GROUPS):
@@ -286,9 +284,6 @@ def _gemv_dot(x_ptr, up_offset, w_rows, mask_n, s_rows, K, KB,
             k = kb * 128 + offs
             mk = k < K
             a = tl.load(x_ptr + k, mask=mk, other=0.0).to(tl.float32)
-            if GATED:
-                up = tl.load(x_ptr + up_offset + k, mask=mk, other=0.0).to(tl.float32)
-                a = (a * tl.sigmoid(a) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
             w = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0).to(tl.float32)
             s = tl.load(s_rows + kb, mask=mask_n & (kb < KB), other=0.0)
             acc += w * a[None, :] * s[:, None]
@@ -300,8 +295,8 @@ def _w8a16_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, N, K, KB, stride_wn
                        SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    acc = _gemv_dot(x_ptr, 0, w_ptr + offs_n[:, None] * stride_wn, mask_n, s_ptr + (offs_n // SCALE_ROWS) * stride_sn,
-                    K, KB, False, BLOCK_N, GROUPS)
+    acc = _gemv_dot(x_ptr, w_ptr + offs_n[:, None] * stride_wn, mask_n, s_ptr + (offs_n // SCALE_ROWS) * stride_sn,
+                    K, KB, BLOCK_N, GROUPS)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
@@ -359,59 +354,77 @@ def _moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, up_ptr, N, K, KB,
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = (offs_n < N) & (expert >= 0)
-    acc = _gemv_dot(x_ptr, 0, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
-                    s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, K, KB, False, BLOCK_N, GROUPS)
+    acc = _gemv_dot(x_ptr, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
+                    s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, K, KB, BLOCK_N, GROUPS)
     tl.store(up_ptr + slot * stride_up + offs_n, acc.to(up_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 @triton.jit
-def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB,
+def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB, TOP_K,
                           stride_up, stride_we, stride_wn, stride_se, stride_sn,
-                          TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+                          SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     """y = sum over slots of weight[slot] * W2[expert of slot] . silu_and_mul(up[slot]): the down
-    projection, the activation, the routing weights and the sum over experts in one launch."""
+    projection, the activation, the routing weights and the sum over experts in one launch. A program
+    loads its BLOCK_N rows of every slot's expert at once ([SLOTS, BLOCK_N, 128] tiles): one token's down
+    projection is only H rows, so walking the experts in turn leaves too few bytes in flight."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for slot in tl.static_range(TOP_K):
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
-        mask_n = (offs_n < N) & (expert >= 0)
-        acc = _gemv_dot(up_ptr + slot * stride_up, I, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
-                        s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, I, KB, True, BLOCK_N, GROUPS)
-        total += tl.load(tw_ptr + slot).to(tl.float32) * acc
+    slots = tl.arange(0, SLOTS)
+    expert = tl.load(ids_ptr + slots, mask=slots < TOP_K, other=-1).to(tl.int64)
+    live = expert >= 0  # an id < 0 (padding, or an expert on another rank) adds nothing
+    expert = tl.maximum(expert, 0)
+    rows = live[:, None] & (offs_n < N)[None, :]
+    w_rows = w_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None] * stride_wn
+    s_rows = s_ptr + expert[:, None] * stride_se + (offs_n // 128)[None, :] * stride_sn
+    x_rows = up_ptr + slots[:, None] * stride_up
+    offs = tl.arange(0, 128)
+    acc = tl.zeros((SLOTS, BLOCK_N, 128), dtype=tl.float32)
+    for kb0 in range(0, KB, GROUPS):
+        for g in tl.static_range(GROUPS):
+            kb = kb0 + g
+            k = kb * 128 + offs
+            mk = live[:, None] & (k < I)[None, :]
+            gate = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
+            up = tl.load(x_rows + I + k[None, :], mask=mk, other=0.0).to(tl.float32)
+            a = (gate * tl.sigmoid(gate) * up).to(up_ptr.dtype.element_ty).to(tl.float32)  # SGLang's silu_and_mul
+            w = tl.load(w_rows + k[None, None, :], mask=rows[:, :, None] & mk[:, None, :], other=0.0).to(tl.float32)
+            s = tl.load(s_rows + kb, mask=rows & (kb < KB), other=0.0)
+            acc += w * a[:, None, :] * s[:, :, None]
+    tw = tl.load(tw_ptr + slots, mask=live & (slots < TOP_K), other=0.0).to(tl.float32)
+    total = tl.sum(tl.sum(acc, axis=2) * tw[:, None], axis=0)
     tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-# H200 tile sweep of the Qwen3-30B-A3B MoE (E=128, H=2048, I=768, top-8): see RESULTS
-MOE_GEMV_CONFIG = dict(BLOCK_N=32, DOWN_BLOCK_N=8, GROUPS=2, num_warps=8, num_stages=1)
+# H200 tile sweep of the Qwen3-30B-A3B MoE (E=128, H=2048, I=768, top-8), one config per launch: see RESULTS
+MOE_GEMV_UP_CONFIG = dict(BLOCK_N=16, GROUPS=4, num_warps=8, num_stages=3)
+MOE_GEMV_DOWN_CONFIG = dict(BLOCK_N=8, GROUPS=6, num_warps=4, num_stages=1)
 
 
-def moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config: dict | None = None):
+def moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config: dict | None = None,
+             down_config: dict | None = None):
     """One token's fused MoE in two launches, on the checkpoint's FP8 experts: x [1, H] bf16; w13 [E, 2I, H]
     e4m3 ([gate; up] rows), w2 [E, H, I] e4m3, their 128x128 power-of-two scales; topk_weights / topk_ids
     [1, top_k] (an id < 0 adds nothing) -> [1, H]. No token sorting, no activation quantization, no
     separate activation or sum kernel: what a batch-1 decode step's MoE is otherwise made of."""
     if x.dtype != torch.bfloat16 or x.shape[0] != 1:
         raise TypeError(f"moe_gemv takes one bfloat16 token (got {x.dtype} {tuple(x.shape)})")
-    return _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config)
+    return _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_config)
 
 
-def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, config):
-    """The launches, for any float activation dtype. The down projection's programs each cover every
-    expert of the token, so they take fewer rows (DOWN_BLOCK_N, default BLOCK_N / 4) to fill the GPU."""
-    cfg = dict(config or MOE_GEMV_CONFIG)
-    block_n = cfg.pop("BLOCK_N")
-    down_block_n = cfg.pop("DOWN_BLOCK_N", max(2, block_n // 4))
+def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_config):
+    """The launches, for any float activation dtype. A down projection program covers BLOCK_N rows of
+    every expert of the token."""
+    up_cfg, down_cfg = up_config or MOE_GEMV_UP_CONFIG, down_config or MOE_GEMV_DOWN_CONFIG
     h, n13, inter, top_k = x.shape[1], w13.shape[1], w2.shape[2], topk_ids.shape[1]
     ids, tw = topk_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous()
     up = torch.empty((top_k, n13), dtype=x.dtype, device=x.device)
-    _moe_gemv_up_kernel[(triton.cdiv(n13, block_n), top_k)](
+    _moe_gemv_up_kernel[(triton.cdiv(n13, up_cfg["BLOCK_N"]), top_k)](
         x.contiguous(), w13, s13, ids, up, n13, h, triton.cdiv(h, GROUP_K),
-        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), up.stride(0), BLOCK_N=block_n, **cfg,
+        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), up.stride(0), **up_cfg,
     )
     y = torch.empty((1, h), dtype=x.dtype, device=x.device)
-    _moe_gemv_down_kernel[(triton.cdiv(h, down_block_n),)](
-        up, w2, s2, ids, tw, y, h, inter, triton.cdiv(inter, GROUP_K),
+    _moe_gemv_down_kernel[(triton.cdiv(h, down_cfg["BLOCK_N"]),)](
+        up, w2, s2, ids, tw, y, h, inter, triton.cdiv(inter, GROUP_K), top_k,
         up.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
-        TOP_K=top_k, BLOCK_N=down_block_n, **cfg,
+        SLOTS=triton.next_power_of_2(top_k), **down_cfg,
     )
     return y

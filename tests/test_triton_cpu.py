@@ -173,14 +173,15 @@ for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 288, 96
         down = dequantize_block_fp8(w2[e], c2.block_scale[e], 128).double()
         per_slot.append(tw[0, j] * (down @ (F.silu(gate_up[:inter]) * gate_up[inter:])))
     ref = sum(per_slot)
-    for cfg in (None, dict(BLOCK_N=128, DOWN_BLOCK_N=64, GROUPS=2, num_warps=2, num_stages=2)):
-        out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, cfg)
+    tile = dict(BLOCK_N=128, GROUPS=2, num_warps=2, num_stages=2)  # N tails below BLOCK_N, K groups masked
+    for up_cfg, down_cfg in ((None, None), (tile, dict(tile, BLOCK_N=64, GROUPS=3))):
+        out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, up_cfg, down_cfg)
         err = ((out[0].double() - ref).norm() / ref.norm()).item()
         assert out.shape == (1, h) and err == err, (e_count, h, inter)
         worst = max(worst, err)
     dropped = ids.clone()
     dropped[0, -1] = -1  # an expert id < 0 (not on this rank) adds nothing
-    out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, dropped, None)
+    out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, dropped, None, None)
     rest = sum(per_slot[:-1])
     worst = max(worst, ((out[0].double() - rest).norm() / rest.norm()).item())
 for bad in (torch.randn(1, 64).half(), torch.randn(2, 64).bfloat16()):

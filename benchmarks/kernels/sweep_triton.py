@@ -4,11 +4,11 @@
 GEMM time and the best config found (do_bench). --kernel w8a16: the weight-only GEMM at small M, GPU
 time inside a CUDA graph over distinct weight copies, against BF16 cuBLAS and our W8A8 whole op.
 --kernel moe_w8a16: the weight-only fused MoE (Qwen3-30B-A3B layer) at decode batch sizes, GPU time
-in a CUDA graph, against SGLang's BF16 fused MoE. --kernel gemv: the one-token GEMVs (dense shapes and
-the Qwen3-30B-A3B MoE layer), GPU time in a CUDA graph, against BF16, the weight-only GEMM and SGLang's
-MXFP8 fused MoE. Writes the table to --out (input for tuned configs).
+in a CUDA graph, against SGLang's BF16 fused MoE. --kernel gemv: the one-token dense GEMV, GPU time in a
+CUDA graph, against BF16 and the weight-only GEMM. --kernel moe_gemv: the one-token GEMV MoE (Qwen3-30B-A3B
+layer), against SGLang's BF16 and MXFP8 fused MoE. Writes the table to --out (input for tuned configs).
 
-    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md [--kernel w8a16|moe_w8a16|gemv]
+    python benchmarks/kernels/sweep_triton.py --out OUT/sweep.md [--kernel w8a16|moe_w8a16|gemv|moe_gemv]
 """
 
 import argparse
@@ -49,8 +49,8 @@ W8A16_GRID = [dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
 
 
 def best_config(grid, run, time):
-    """(best time, its config in short form, configs that ran) over ``grid``: ``run(cfg)`` computes with
-    a config (None: the kernel's default, the reference), ``time(cfg)`` times it."""
+    """(best time, its config, configs that ran) over ``grid``: ``run(cfg)`` computes with a config (None:
+    the kernel's default, the reference), ``time(cfg)`` times it."""
     ref = run(None).float()
     best, tried = (float("inf"), None), 0
     for cfg in grid:
@@ -62,10 +62,13 @@ def best_config(grid, run, time):
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2, cfg  # same math, other tiling
         tried += 1
         best = min(best, (t, cfg), key=lambda b: b[0])
-    t, cfg = best
+    return (*best, tried)
+
+
+def short(cfg):
+    """A config in a table cell: tile, warps, stages."""
     tile = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}" if "BLOCK_M" in cfg else f"n{cfg['BLOCK_N']} g{cfg['GROUPS']}"
-    tile += f" down n{cfg['DOWN_BLOCK_N']}" if "DOWN_BLOCK_N" in cfg else ""
-    return t, f"{tile} w{cfg['num_warps']} s{cfg['num_stages']}", tried
+    return f"{tile} w{cfg['num_warps']} s{cfg['num_stages']}"
 
 
 def weight_copies(n, k):
@@ -90,11 +93,11 @@ def sweep_w8a16(out):
             t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
             t88 = graph_us([lambda w=w: th.w8a8_gemm(*th.quantize_act_1x128(x), *w) for w in ws])
             tdef = graph_us([lambda w=w: th.w8a16_gemm(x, *w) for w in ws])
-            t, short, tried = best_config(
+            t, cfg, tried = best_config(
                 [cfg for cfg in W8A16_GRID if cfg["BLOCK_M"] <= max(16, triton.next_power_of_2(m))],
                 lambda cfg: th.w8a16_gemm(x, *ws[0], config=cfg),
                 lambda cfg: graph_us([lambda w=w: th.w8a16_gemm(x, *w, config=cfg) for w in ws], reps=10))
-            lines.append(f"| {name} | {m} | {t16:.1f} | {t88:.1f} | {tdef:.1f} | {t:.1f} | {short} | "
+            lines.append(f"| {name} | {m} | {t16:.1f} | {t88:.1f} | {tdef:.1f} | {t:.1f} | {short(cfg)} | "
                          f"{t16 / t:.2f}x | {tried} |")
             print(lines[-1], flush=True)
         del ws, w16
@@ -137,22 +140,23 @@ def sweep_moe_w8a16(out):
             return th.moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)
 
         tdef = graph_us([lambda: moe(None)])
-        t, short, tried = best_config(MOE_W8A16_GRID, moe, lambda cfg: graph_us([lambda: moe(cfg)], reps=10))
-        lines.append(f"| {m} | {t16:.1f} | {tdef:.1f} | {t:.1f} | {short} | {t16 / t:.2f}x | {tried} |")
+        t, cfg, tried = best_config(MOE_W8A16_GRID, moe, lambda cfg: graph_us([lambda: moe(cfg)], reps=10))
+        lines.append(f"| {m} | {t16:.1f} | {tdef:.1f} | {t:.1f} | {short(cfg)} | {t16 / t:.2f}x | {tried} |")
         print(lines[-1], flush=True)
     open(out, "w").write("\n".join(lines) + "\n")
 
 
 GEMV_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=st)
              for bn, g, w, st in itertools.product((4, 8, 16, 32), (1, 2, 4), (4, 8), (1, 3))]
-MOE_GEMV_GRID = [dict(BLOCK_N=bn, DOWN_BLOCK_N=dn, GROUPS=g, num_warps=w, num_stages=1)  # stages: see the dense sweep
-                 for bn, dn, g, w in itertools.product((16, 32, 64), (4, 8, 16), (1, 2, 4), (4, 8))]
+MOE_GEMV_UP_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=st)
+                    for bn, g, w, st in itertools.product((8, 16, 32, 64), (1, 2, 4, 8), (4, 8), (1, 3))]
+MOE_GEMV_DOWN_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)  # I = 768: 6 K groups, GROUPS 3 or 6 whole
+                      for bn, g, w in itertools.product((1, 2, 4, 8), (1, 2, 3, 6), (2, 4, 8))]
+MOE_ROUTINGS = 16  # one-token calls per graph, each with its own experts: 16 x 8 picks of 128 stream from HBM
 
 
 def sweep_gemv(out):
-    """One-token GEMV tiles: the dense shapes over distinct weight copies, then the MoE layer."""
-    from bench_moe import E, H, I, routing  # this folder
-
+    """One-token GEMV tiles on the dense shapes, over distinct weight copies."""
     lines = [f"GPU: {torch.cuda.get_device_name()}; one token; GPU time per call inside one CUDA graph, microseconds "
              f"(dense: over {WORKING_SET >> 20} MiB of distinct weights)", "",
              "| layer | BF16 | baseline MXFP8 | GEMV shipped cfg | GEMV rule cfg | GEMV best cfg | best cfg | best vs BF16 | "
@@ -165,27 +169,44 @@ def sweep_gemv(out):
         tdef = graph_us([lambda w=w: th.w8a16_gemv(x, *w) for w in ws])
         rule = th.gemv_rule_config(n)
         trule = graph_us([lambda w=w: th.w8a16_gemv(x, *w, config=rule) for w in ws])
-        t, short, tried = best_config(GEMV_GRID, lambda cfg: th.w8a16_gemv(x, *ws[0], config=cfg),
-                                      lambda cfg: graph_us([lambda w=w: th.w8a16_gemv(x, *w, config=cfg) for w in ws], reps=10))
-        lines.append(f"| {name} (baseline: weight-only GEMM) | {t16:.1f} | {two:.1f} | {tdef:.1f} | {trule:.1f} | {t:.1f} | {short} | "
+        t, cfg, tried = best_config(GEMV_GRID, lambda cfg: th.w8a16_gemv(x, *ws[0], config=cfg),
+                                    lambda cfg: graph_us([lambda w=w: th.w8a16_gemv(x, *w, config=cfg) for w in ws], reps=10))
+        lines.append(f"| {name} (baseline: weight-only GEMM) | {t16:.1f} | {two:.1f} | {tdef:.1f} | {trule:.1f} | {t:.1f} | {short(cfg)} | "
                      f"{t16 / t:.2f}x | {two / t:.2f}x | {tried} |")
         print(lines[-1], flush=True)
         del ws, w16
         torch.cuda.empty_cache()
+    open(out, "w").write("\n".join(lines) + "\n")
+
+
+def sweep_moe_gemv(out):
+    """The one-token GEMV MoE (Qwen3-30B-A3B layer), one call per routing in a CUDA graph: the up projection's
+    tiles with the shipped down config, then the down projection's with the best up config."""
+    from bench_moe import E, H, I, routing  # this folder
+
     fused_experts, gen, (w13_16, w2_16, q13, q2, c13, c2) = qwen3_moe_layer()
     x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=gen)
-    tw, ids = routing(1, gen)
-    t16 = graph_us([lambda: fused_experts(x, w13_16, w2_16, tw, ids)])
-    t8 = graph_us([lambda: fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale,
-                                         w2_scale=c2.block_scale, block_shape=[128, 128])])
+    routings = [routing(1, gen) for _ in range(MOE_ROUTINGS)]  # as a decode step's layers: experts not in L2
+    t16 = graph_us([lambda r=r: fused_experts(x, w13_16, w2_16, *r) for r in routings])
+    t8 = graph_us([lambda r=r: fused_experts(x, q13, q2, *r, use_fp8_w8a8=True, w1_scale=c13.block_scale,
+                                             w2_scale=c2.block_scale, block_shape=[128, 128]) for r in routings])
 
-    def moe(cfg):
-        return th.moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids, config=cfg)
+    def moe(up, down, r=routings[0]):
+        return th.moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, *r, up_config=up, down_config=down)
 
-    tdef = graph_us([lambda: moe(None)])
-    t, short, tried = best_config(MOE_GEMV_GRID, moe, lambda cfg: graph_us([lambda: moe(cfg)], reps=10))
-    lines.append(f"| MoE E={E} H={H} I={I} top-8 (baseline: SGLang's MXFP8 fused MoE) | {t16:.1f} | {t8:.1f} | "
-                 f"{tdef:.1f} | n/a | {t:.1f} | {short} | {t16 / t:.2f}x | {t8 / t:.2f}x | {tried} |")
+    def time(up, down, reps=10):
+        return graph_us([lambda r=r: moe(up, down, r) for r in routings], reps=reps)
+
+    tdef = time(None, None, reps=20)
+    t_up, up, tried_up = best_config(MOE_GEMV_UP_GRID, lambda cfg: moe(cfg, None), lambda cfg: time(cfg, None))
+    t, down, tried_down = best_config(MOE_GEMV_DOWN_GRID, lambda cfg: moe(up, cfg), lambda cfg: time(up, cfg))
+    lines = [f"GPU: {torch.cuda.get_device_name()}; one token, MoE E={E} H={H} I={I} top-8; GPU time per call inside "
+             f"one CUDA graph of {MOE_ROUTINGS} calls, each with its own routing, microseconds", "",
+             "| BF16 fused MoE | SGLang MXFP8 fused MoE | GEMV MoE shipped cfgs | best up cfg (shipped down) | "
+             "best down cfg (with best up) | best up / down cfg | best vs BF16 | best vs SGLang MXFP8 | configs tried |",
+             "|---|---|---|---|---|---|---|---|---|",
+             f"| {t16:.1f} | {t8:.1f} | {tdef:.1f} | {t_up:.1f} | {t:.1f} | {short(up)} / {short(down)} | "
+             f"{t16 / t:.2f}x | {t8 / t:.2f}x | {tried_up} + {tried_down} |"]
     print(lines[-1], flush=True)
     open(out, "w").write("\n".join(lines) + "\n")
 
@@ -193,10 +214,12 @@ def sweep_gemv(out):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--kernel", choices=["w8a8", "w8a16", "moe_w8a16", "gemv"], default="w8a8")
+    ap.add_argument("--kernel", choices=["w8a8", "w8a16", "moe_w8a16", "gemv", "moe_gemv"], default="w8a8")
     args = ap.parse_args()
     if args.kernel == "gemv":
         return sweep_gemv(args.out)
+    if args.kernel == "moe_gemv":
+        return sweep_moe_gemv(args.out)
     if args.kernel == "w8a16":
         return sweep_w8a16(args.out)
     if args.kernel == "moe_w8a16":
@@ -226,9 +249,8 @@ def main():
                     continue
                 best = min(best, (t, cfg), key=lambda b: b[0])
             t, cfg = best
-            short = f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}"
             rows = " / ".join(f"{tq_rows[r]:.1f}" for r in sorted(tq_rows))
-            lines.append(f"| {name} | {m} | {t16:.1f} | {tq:.1f} | {rows} | {tdef:.1f} | {t:.1f} | {short} | "
+            lines.append(f"| {name} | {m} | {t16:.1f} | {tq:.1f} | {rows} | {tdef:.1f} | {t:.1f} | {short(cfg)} | "
                          f"{t16 / (t + tq):.2f}x |")
             print(lines[-1], flush=True)
     open(args.out, "w").write("\n".join(lines) + "\n")
