@@ -68,7 +68,7 @@ def startup_hook_status() -> str:
     return "active (sglang_mxfp8.pth patches SGLang in every process it starts)"
 
 
-MOE_GEMV = "; one-token batches on the GEMV MoE (SGLANG_MXFP8_MOE_GEMV=1; slower than the Triton MoE on the H200)"
+MOE_GEMV = "; one-token batches on the GEMV MoE (SGLANG_MXFP8_MOE_GEMV=0 turns it off)"
 
 
 def gemv_line(kernel: str) -> str:
@@ -86,10 +86,9 @@ def gemv_line(kernel: str) -> str:
 
 def doctor(args) -> int:
     from .dense import weight_only_max_m
-    from .envs import moe_gemv_enabled
     from .flashinfer_sm90 import precompile_enabled
     from .gpu import flashinfer_available
-    from .moe_hopper import cutlass_prefill_min_tokens
+    from .moe_hopper import cutlass_prefill_min_tokens, gemv_moe_runs
 
     gpu = _gpu(args.gpu)
     fi = flashinfer_available()
@@ -140,7 +139,7 @@ def doctor(args) -> int:
             if choice.kernel == resolver.HOPPER_TRITON_MOE:
                 if prefill_tokens:
                     extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
-                if moe_gemv_enabled():
+                if gemv_moe_runs(hidden, inter):
                     extra += MOE_GEMV
             print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:

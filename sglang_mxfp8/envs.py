@@ -24,6 +24,6 @@ def dense_gemv_enabled() -> bool:
 
 
 def moe_gemv_enabled() -> bool:
-    """One-token batches of the Hopper MoE on the two-launch GEMV MoE. Opt-in (SGLANG_MXFP8_MOE_GEMV=1): on
-    the H200 it ran slower than the Triton fused MoE it replaces (benchmarks/RESULTS.md)."""
-    return env_switch(MOE_GEMV_ENV, default=False)
+    """One-token batches of the Hopper MoE on the two-launch GEMV MoE, for the layer shapes measured faster
+    on the H200 (``moe_hopper.GEMV_MOE_SHAPES``). On unless SGLANG_MXFP8_MOE_GEMV=0."""
+    return env_switch(MOE_GEMV_ENV, default=True)

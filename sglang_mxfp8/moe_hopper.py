@@ -12,13 +12,25 @@ from typing import Dict, Optional
 
 import torch
 
-from .envs import env_switch
+from .envs import env_switch, moe_gemv_enabled
 
 CUTLASS_PREFILL_ENV = "SGLANG_MXFP8_CUTLASS_PREFILL_MOE"
 # H200, Qwen3-30B-A3B MoE layer, CUDA-graph GPU time (benchmarks/RESULTS.md, "CUTLASS grouped MoE for prefill"):
 # SGLang's CUTLASS grouped block-FP8 MoE vs its Triton fused MoE: 435.9 vs 447.3 us at 2048 tokens, 719.5 vs
 # 769.9 at 4096, 1293.0 vs 1480.3 at 8192; slower at 1024 (303.8 vs 292.2) and below.
 CUTLASS_PREFILL_MIN_TOKENS = 2048
+
+
+# H200, one token, Qwen3-30B-A3B MoE layer (128 experts, top-8), CUDA-graph GPU time over 16 routings
+# (benchmarks/RESULTS.md, "GEMV MoE with every expert's rows in flight"): the GEMV MoE 20.1 us vs SGLang's Triton
+# fused MoE 32.3 (MXFP8) and 34.9 (BF16); served, 4 layers: 79.6 vs 112.0 us of MoE kernels per decode step.
+GEMV_MOE_SHAPES = frozenset({(2048, 768)})  # (hidden, intermediate per rank)
+
+
+def gemv_moe_runs(hidden: int, intermediate: int) -> bool:
+    """Whether one-token batches of a Hopper MoE layer take the GEMV MoE: on the shapes it measured faster
+    on the H200, unless SGLANG_MXFP8_MOE_GEMV=0."""
+    return (hidden, intermediate) in GEMV_MOE_SHAPES and moe_gemv_enabled()
 
 
 def cutlass_prefill_min_tokens() -> int:

@@ -24,8 +24,7 @@ from . import __version__, checkpoint, resolver
 from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag
 from .gpu import current_gpu, flashinfer_available
 from .blackwell import CutlassMoeScales, cutlass_mxfp8_moe
-from .envs import moe_gemv_enabled
-from .moe_hopper import CutlassGroupedMoE, cutlass_prefill_min_tokens, fused_moe_unsupported
+from .moe_hopper import CutlassGroupedMoE, cutlass_prefill_min_tokens, fused_moe_unsupported, gemv_moe_runs
 from .refit import BlockScaleConverter, LoadTracker
 
 logger = logging.getLogger("sglang_mxfp8")
@@ -172,7 +171,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         self.prefix = prefix
         self.choice: Optional[resolver.Choice] = None
         self.prefill_min_tokens = 0  # batches this large run the CUTLASS grouped MoE (Hopper path; 0: never)
-        self.gemv = False  # one-token batches run the GEMV MoE (Hopper path, SGLANG_MXFP8_MOE_GEMV=1)
+        self.gemv = False  # one-token batches run the GEMV MoE (Hopper path, moe_hopper.gemv_moe_runs)
 
     @property
     def load_up_proj_weight_first(self) -> bool:
@@ -201,7 +200,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         layer.mxfp8_w13 = BlockScaleConverter(num_experts, layer.w13_weight.shape[1], hidden_size, 128, dev, f"{self.prefix}.w13")
         layer.mxfp8_w2 = BlockScaleConverter(num_experts, hidden_size, intermediate_size_per_partition, 128, dev, f"{self.prefix}.w2")
         self.prefill_min_tokens = cutlass_prefill_min_tokens()
-        self.gemv = moe_gemv_enabled()
+        self.gemv = gemv_moe_runs(hidden_size, intermediate_size_per_partition)
         if self.prefill_min_tokens:
             layer.mxfp8_prefill = CutlassGroupedMoE(num_experts, hidden_size, intermediate_size_per_partition, dev)
 

@@ -53,14 +53,15 @@ def test_scratch_is_allocated_once_per_shape_and_shared_by_layers():
     assert all(s[n].shape == (16,) and s[n].dtype == torch.int64 for n in ("a_ptrs", "b_ptrs", "out_ptrs"))
 
 
-def _doctor_on_tiny_model(tmp_path):
-    """`sglang-mxfp8 doctor` arguments for an H200 and a converted tiny Qwen3-MoE, and the CLI entry point."""
+def _doctor_on_tiny_model(tmp_path, **dims):
+    """`sglang-mxfp8 doctor` arguments for an H200 and a converted tiny Qwen3-MoE (``dims``: its config's
+    sizes), and the CLI entry point."""
     from sglang_mxfp8.cli import main as cli
     from sglang_mxfp8.convert import convert
     from sglang_mxfp8.tiny_model import write_qwen3_moe
 
     mx = tmp_path / "mx"
-    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
+    convert(write_qwen3_moe(tmp_path / "bf16", **dims), mx, progress=False)
     return cli, ["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "triton"]
 
 
@@ -76,12 +77,14 @@ def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch):
     assert "CUTLASS grouped" not in capsys.readouterr().out
 
 
-def test_gemv_moe_is_opt_in(monkeypatch):
+def test_gemv_moe_runs_on_the_measured_shape_unless_switched_off(monkeypatch):
     monkeypatch.delenv(envs.MOE_GEMV_ENV, raising=False)
-    monkeypatch.setenv(envs.GEMV_ENV, "1")  # the dense GEMV's switch is not the MoE's
-    assert not envs.moe_gemv_enabled()
-    monkeypatch.setenv(envs.MOE_GEMV_ENV, "1")
-    assert envs.moe_gemv_enabled()
+    monkeypatch.setenv(envs.GEMV_ENV, "0")  # the dense GEMV's switch is not the MoE's
+    assert moe_hopper.gemv_moe_runs(2048, 768)  # Qwen3-30B-A3B
+    assert not moe_hopper.gemv_moe_runs(2048, 384)  # its TP2 shard: not measured
+    assert not moe_hopper.gemv_moe_runs(256, 128)
+    monkeypatch.setenv(envs.MOE_GEMV_ENV, "0")
+    assert not moe_hopper.gemv_moe_runs(2048, 768)
 
 
 @pytest.mark.parametrize("change,ep_size", [({}, 1), (dict(activation="gelu"), 1), (dict(gemm1_alpha=1.702), 1), ({}, 2)])
@@ -103,7 +106,8 @@ def test_layers_our_moe_paths_cannot_compute_keep_every_batch_on_triton(change, 
 
 def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
     """The dense GEMV's line lists the served shapes it runs on (the tiny model has none of them, and doctor
-    does not pretend it does); the MoE's shows only when opted in; SGLANG_MXFP8_GEMV=0 removes the dense one."""
+    does not pretend it does); the MoE line names the GEMV MoE only for experts of its measured shape; each
+    switch removes its own."""
     from sglang_mxfp8.cli import MOE_GEMV
     from sglang_mxfp8.dense import HopperFlashInferDense
 
@@ -112,13 +116,20 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(envs.GEMV_ENV, raising=False)
     monkeypatch.delenv(envs.MOE_GEMV_ENV, raising=False)
     assert cli(doctor) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert [s for s in out if "GEMV" in s] == [
+    out_gemv = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
+    assert out_gemv == [
         "  one-token batches on the weight-streaming GEMV: hopper_flashinfer_blockscale layers of [2048 x 4096], [5120 x 2048] "
         "(as served: SGLang fuses q/k/v and gate/up); SGLANG_MXFP8_GEMV=0 turns it off"]
     assert HopperFlashInferDense.gemv_shapes == {(2048, 4096), (5120, 2048)}
-    monkeypatch.setenv(envs.GEMV_ENV, "0")
-    monkeypatch.setenv(envs.MOE_GEMV_ENV, "1")
-    assert cli(doctor) == 0
+    _, wide = _doctor_on_tiny_model(tmp_path / "wide", hidden=2048, moe_intermediate=768, experts=2, layers=1)
+    wide += ["--fp8-gemm-backend", "flashinfer_trtllm"]
+    assert cli(wide) == 0
     lines = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
-    assert len(lines) == 1 and lines[0].startswith("  MoE experts") and lines[0].endswith(MOE_GEMV), lines
+    assert lines[0] == out_gemv[0] and len(lines) == 2, lines
+    assert lines[1].startswith("  MoE experts (hidden 2048, intermediate 768): hopper_triton_moe") and lines[1].endswith(MOE_GEMV)
+    monkeypatch.setenv(envs.GEMV_ENV, "0")
+    assert cli(wide) == 0
+    assert [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s] == lines[1:]
+    monkeypatch.setenv(envs.MOE_GEMV_ENV, "0")
+    assert cli(wide) == 0
+    assert not [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]

@@ -323,7 +323,7 @@ def test_precompile_compiles_exactly_the_kernels_flashinfer_selects(tmp_path):
 
 
 def test_moe_apply_runs_one_token_on_the_gemv():
-    """With SGLANG_MXFP8_MOE_GEMV=1, Mxfp8MoEMethod.apply runs one token on the GEMV MoE and two on SGLang's Triton
+    """With the GEMV MoE on, Mxfp8MoEMethod.apply runs one token on the GEMV MoE and two on SGLang's Triton
     fused MoE; the two agree to FP8 accuracy."""
     from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
