@@ -116,7 +116,7 @@ e2e)
   # E2E_ARGS passes more options to bench_throughput.py, e.g. E2E_ARGS="--concurrency 16 128"; each timed round
   # runs ROUND_SECONDS (default 6) of back-to-back requests per client (ROUND_SECONDS=0: fixed 2 x c requests)
   # the one-token GEMVs served: E2E_MX="no dense GEMV=SGLANG_MXFP8_GEMV=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
-  # (or "GEMV MoE=SGLANG_MXFP8_MOE_GEMV=1 ..."), with E2E_ARGS="--concurrency 1 --profile-batch 1"
+  # (or "no GEMV MoE=SGLANG_MXFP8_MOE_GEMV=0 ..."), with E2E_ARGS="--concurrency 1 --profile-batch 1"
   timeout 580 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
     ${E2E_MX:+--mx "$E2E_MX"} \
