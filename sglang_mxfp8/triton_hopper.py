@@ -389,7 +389,7 @@ def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB
             w = tl.load(w_rows + k[None, None, :], mask=rows[:, :, None] & mk[:, None, :], other=0.0).to(tl.float32)
             s = tl.load(s_rows + kb, mask=rows & (kb < KB), other=0.0)
             acc += w * a[:, None, :] * s[:, :, None]
-    tw = tl.load(tw_ptr + slots, mask=live & (slots < TOP_K), other=0.0).to(tl.float32)
+    tw = tl.load(tw_ptr + slots, mask=live, other=0.0).to(tl.float32)
     total = tl.sum(tl.sum(acc, axis=2) * tw[:, None], axis=0)
     tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=offs_n < N)
 
