@@ -73,8 +73,7 @@ MOE_GEMV = "; one-token batches on the GEMV MoE (SGLANG_MXFP8_MOE_GEMV=0 turns i
 
 def gemv_line(kernel: str) -> str:
     """Doctor's line on the one-token GEMV of a Hopper dense backend ('' where it runs on no layer)."""
-    from .dense import backend_class
-    from .envs import dense_gemv_enabled
+    from .dense import backend_class, dense_gemv_enabled
 
     shapes = backend_class(kernel).gemv_shapes
     if not shapes or not dense_gemv_enabled():

@@ -13,7 +13,7 @@ from typing import Optional, Type
 import torch
 
 from . import resolver
-from .envs import dense_gemv_enabled, env_switch
+from .envs import env_switch
 from .gpu import current_gpu, flashinfer_available
 from .refit import BlockScaleConverter
 
@@ -28,12 +28,20 @@ WEIGHT_ONLY_MAX_M = 16
 WEIGHT_ONLY_MAX_N = 5120
 # Served [N, K] (Qwen3-30B-A3B's qkv and o) whose one-token batches the Hopper backends give the GEMV
 HOPPER_GEMV_SHAPES = frozenset({(5120, 2048), (2048, 4096)})
+GEMV_ENV = "SGLANG_MXFP8_GEMV"
 
 
 def weight_only_max_m(n: int) -> int:
     """Largest BF16 batch the Triton backend serves with the weight-only FP8 GEMM on a layer of N outputs
     (0: never; SGLANG_MXFP8_WEIGHT_ONLY=0 turns it off)."""
     return WEIGHT_ONLY_MAX_M if env_switch(WEIGHT_ONLY_ENV, default=True) and n <= WEIGHT_ONLY_MAX_N else 0
+
+
+def dense_gemv_enabled() -> bool:
+    """One-token batches (batch-1 decode) of the Hopper dense layers on the weight-streaming GEMV of
+    sglang_mxfp8.triton_hopper, for the layer shapes each backend lists as measured faster on the H200
+    (``DenseBackend.gemv_shapes``). On unless SGLANG_MXFP8_GEMV=0."""
+    return env_switch(GEMV_ENV, default=True)
 
 
 class DenseBackend:

@@ -12,7 +12,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .envs import env_switch, moe_gemv_enabled
+from .envs import env_switch
 
 CUTLASS_PREFILL_ENV = "SGLANG_MXFP8_CUTLASS_PREFILL_MOE"
 # H200, Qwen3-30B-A3B MoE layer, CUDA-graph GPU time (benchmarks/RESULTS.md, "CUTLASS grouped MoE for prefill"):
@@ -25,12 +25,13 @@ CUTLASS_PREFILL_MIN_TOKENS = 2048
 # (benchmarks/RESULTS.md, "GEMV MoE with every expert's rows in flight"): the GEMV MoE 20.1 us vs SGLang's Triton
 # fused MoE 32.3 (MXFP8) and 34.9 (BF16); served, 4 layers: 79.6 vs 112.0 us of MoE kernels per decode step.
 GEMV_MOE_SHAPES = frozenset({(2048, 768)})  # (hidden, intermediate per rank)
+MOE_GEMV_ENV = "SGLANG_MXFP8_MOE_GEMV"
 
 
 def gemv_moe_runs(hidden: int, intermediate: int) -> bool:
     """Whether one-token batches of a Hopper MoE layer take the GEMV MoE: on the shapes it measured faster
     on the H200, unless SGLANG_MXFP8_MOE_GEMV=0."""
-    return (hidden, intermediate) in GEMV_MOE_SHAPES and moe_gemv_enabled()
+    return (hidden, intermediate) in GEMV_MOE_SHAPES and env_switch(MOE_GEMV_ENV, default=True)
 
 
 def cutlass_prefill_min_tokens() -> int:

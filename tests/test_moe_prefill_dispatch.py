@@ -8,7 +8,7 @@ import pytest
 import torch
 from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
 
-from sglang_mxfp8 import envs, moe_hopper
+from sglang_mxfp8 import dense, moe_hopper
 
 QWEN3 = MoeRunnerConfig(num_experts=128, num_local_experts=128, hidden_size=2048, intermediate_size_per_partition=768,
                         top_k=8, params_dtype=torch.bfloat16)
@@ -78,12 +78,12 @@ def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch):
 
 
 def test_gemv_moe_runs_on_the_measured_shape_unless_switched_off(monkeypatch):
-    monkeypatch.delenv(envs.MOE_GEMV_ENV, raising=False)
-    monkeypatch.setenv(envs.GEMV_ENV, "0")  # the dense GEMV's switch is not the MoE's
+    monkeypatch.delenv(moe_hopper.MOE_GEMV_ENV, raising=False)
+    monkeypatch.setenv(dense.GEMV_ENV, "0")  # the dense GEMV's switch is not the MoE's
     assert moe_hopper.gemv_moe_runs(2048, 768)  # Qwen3-30B-A3B
     assert not moe_hopper.gemv_moe_runs(2048, 384)  # its TP2 shard: not measured
     assert not moe_hopper.gemv_moe_runs(256, 128)
-    monkeypatch.setenv(envs.MOE_GEMV_ENV, "0")
+    monkeypatch.setenv(moe_hopper.MOE_GEMV_ENV, "0")
     assert not moe_hopper.gemv_moe_runs(2048, 768)
 
 
@@ -113,8 +113,8 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
 
     cli, doctor = _doctor_on_tiny_model(tmp_path)
     doctor += ["--fp8-gemm-backend", "flashinfer_trtllm"]
-    monkeypatch.delenv(envs.GEMV_ENV, raising=False)
-    monkeypatch.delenv(envs.MOE_GEMV_ENV, raising=False)
+    monkeypatch.delenv(dense.GEMV_ENV, raising=False)
+    monkeypatch.delenv(moe_hopper.MOE_GEMV_ENV, raising=False)
     assert cli(doctor) == 0
     out_gemv = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
     assert out_gemv == [
@@ -127,9 +127,9 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
     lines = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
     assert lines[0] == out_gemv[0] and len(lines) == 2, lines
     assert lines[1].startswith("  MoE experts (hidden 2048, intermediate 768): hopper_triton_moe") and lines[1].endswith(MOE_GEMV)
-    monkeypatch.setenv(envs.GEMV_ENV, "0")
+    monkeypatch.setenv(dense.GEMV_ENV, "0")
     assert cli(wide) == 0
     assert [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s] == lines[1:]
-    monkeypatch.setenv(envs.MOE_GEMV_ENV, "0")
+    monkeypatch.setenv(moe_hopper.MOE_GEMV_ENV, "0")
     assert cli(wide) == 0
     assert not [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]

@@ -5,7 +5,7 @@ SGLANG_MXFP8_GEMV switch (the kernels' numerics: test_triton_cpu.py, tests/gpu).
 import pytest
 import torch
 
-from sglang_mxfp8 import dense, envs
+from sglang_mxfp8 import dense
 from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.resolver import Choice
 
@@ -48,7 +48,7 @@ def test_one_token_gemv_runs_on_the_shapes_measured_faster(cls, monkeypatch):
     shape the H200 never measured, or measured slower, keeps the backend's own kernel; SGLANG_MXFP8_GEMV=0: none."""
     from sglang_mxfp8.triton_hopper import GEMV_TUNED
 
-    monkeypatch.delenv(envs.GEMV_ENV, raising=False)
+    monkeypatch.delenv(dense.GEMV_ENV, raising=False)
     assert cls.gemv_shapes >= {(5120, 2048), (2048, 4096)} and cls.gemv_shapes <= GEMV_TUNED.keys()  # swept configs
     assert not cls.gemv_shapes & {(14336, 4096), (4096, 14336)}  # Llama-3-8B's MLP: slower on both backends
     layer, be = _hopper_layer(5120, 2048, cls=cls)
@@ -57,6 +57,6 @@ def test_one_token_gemv_runs_on_the_shapes_measured_faster(cls, monkeypatch):
     assert be.one_token(layer, torch.randn(1, 2048, dtype=torch.float16), None) is None  # exact in bf16 only
     assert _hopper_layer(2048, 4096, cls=cls)[1].gemv
     assert not _hopper_layer(2048, 2048, cls=cls)[1].gemv  # not measured
-    monkeypatch.setenv(envs.GEMV_ENV, "0")
+    monkeypatch.setenv(dense.GEMV_ENV, "0")
     layer, be = _hopper_layer(5120, 2048, cls=cls)
     assert not be.gemv and be.one_token(layer, torch.randn(1, 2048, dtype=torch.bfloat16), None) is None

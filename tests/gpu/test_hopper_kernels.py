@@ -368,7 +368,7 @@ def test_moe_apply_runs_one_token_on_the_gemv():
 def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
     """On a shape they list (SGLANG_MXFP8_GEMV on) both Hopper dense backends run one token on the GEMV and two
     on their own kernel."""
-    from sglang_mxfp8.envs import GEMV_ENV
+    from sglang_mxfp8.dense import GEMV_ENV
     from sglang_mxfp8.triton_hopper import w8a16_gemv
 
     monkeypatch.setenv(GEMV_ENV, "1")
