@@ -80,6 +80,11 @@ def weight_copies(n, k):
     return ws, [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in ws]
 
 
+def copies_us(call, copies, reps=20):
+    """GPU time per ``call(copy)`` in one CUDA graph that runs it on every weight copy (from HBM, not L2)."""
+    return graph_us([lambda w=w: call(w) for w in copies], reps=reps)
+
+
 def sweep_w8a16(out):
     """Weight-only GEMM tiles, GPU time in a CUDA graph over distinct weight copies (HBM, not L2)."""
     lines = [f"GPU: {torch.cuda.get_device_name()}; GPU time per call inside one CUDA graph over "
@@ -90,13 +95,13 @@ def sweep_w8a16(out):
         ws, w16 = weight_copies(n, k)
         for m in W8A16_MS:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
-            t88 = graph_us([lambda w=w: th.w8a8_gemm(*th.quantize_act_1x128(x), *w) for w in ws])
-            tdef = graph_us([lambda w=w: th.w8a16_gemm(x, *w) for w in ws])
+            t16 = copies_us(lambda w: torch.nn.functional.linear(x, w), w16)
+            t88 = copies_us(lambda w: th.w8a8_gemm(*th.quantize_act_1x128(x), *w), ws)
+            tdef = copies_us(lambda w: th.w8a16_gemm(x, *w), ws)
             t, cfg, tried = best_config(
                 [cfg for cfg in W8A16_GRID if cfg["BLOCK_M"] <= max(16, triton.next_power_of_2(m))],
                 lambda cfg: th.w8a16_gemm(x, *ws[0], config=cfg),
-                lambda cfg: graph_us([lambda w=w: th.w8a16_gemm(x, *w, config=cfg) for w in ws], reps=10))
+                lambda cfg: copies_us(lambda w: th.w8a16_gemm(x, *w, config=cfg), ws, reps=10))
             lines.append(f"| {name} | {m} | {t16:.1f} | {t88:.1f} | {tdef:.1f} | {t:.1f} | {short(cfg)} | "
                          f"{t16 / t:.2f}x | {tried} |")
             print(lines[-1], flush=True)
@@ -164,13 +169,13 @@ def sweep_gemv(out):
     for name, (k, n) in W8A16_SHAPES.items():
         ws, w16 = weight_copies(n, k)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
-        two = graph_us([lambda w=w: th.w8a16_gemm(x, *w) for w in ws])
-        tdef = graph_us([lambda w=w: th.w8a16_gemv(x, *w) for w in ws])
+        t16 = copies_us(lambda w: torch.nn.functional.linear(x, w), w16)
+        two = copies_us(lambda w: th.w8a16_gemm(x, *w), ws)
+        tdef = copies_us(lambda w: th.w8a16_gemv(x, *w), ws)
         rule = th.gemv_rule_config(n)
-        trule = graph_us([lambda w=w: th.w8a16_gemv(x, *w, config=rule) for w in ws])
+        trule = copies_us(lambda w: th.w8a16_gemv(x, *w, config=rule), ws)
         t, cfg, tried = best_config(GEMV_GRID, lambda cfg: th.w8a16_gemv(x, *ws[0], config=cfg),
-                                    lambda cfg: graph_us([lambda w=w: th.w8a16_gemv(x, *w, config=cfg) for w in ws], reps=10))
+                                    lambda cfg: copies_us(lambda w: th.w8a16_gemv(x, *w, config=cfg), ws, reps=10))
         lines.append(f"| {name} (baseline: weight-only GEMM) | {t16:.1f} | {two:.1f} | {tdef:.1f} | {trule:.1f} | {t:.1f} | {short(cfg)} | "
                      f"{t16 / t:.2f}x | {two / t:.2f}x | {tried} |")
         print(lines[-1], flush=True)
