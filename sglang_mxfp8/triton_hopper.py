@@ -275,18 +275,20 @@ def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_
 @triton.jit
 def _gemv_dot(x_ptr, w_rows, mask_n, s_rows, K, KB, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     """float32 [BLOCK_N] = W[rows] (e4m3 x its per-128-K power-of-two scale) . x[:K] over all of K, on CUDA
-    cores, GROUPS 128-wide K groups per loop step."""
+    cores. Each loop step loads one [BLOCK_N, GROUPS, 128] FP8 tile (16-byte loads per thread; GROUPS a power
+    of two, up to all of K): one token's GEMV is bound by how many weight bytes are in flight, and a step's
+    loads wait a whole memory latency, so few wide steps beat many narrow ones."""
     offs = tl.arange(0, 128)
-    acc = tl.zeros((BLOCK_N, 128), dtype=tl.float32)
+    groups = tl.arange(0, GROUPS)
+    acc = tl.zeros((BLOCK_N, GROUPS), dtype=tl.float32)
     for kb0 in range(0, KB, GROUPS):
-        for g in tl.static_range(GROUPS):
-            kb = kb0 + g
-            k = kb * 128 + offs
-            mk = k < K
-            a = tl.load(x_ptr + k, mask=mk, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0).to(tl.float32)
-            s = tl.load(s_rows + kb, mask=mask_n & (kb < KB), other=0.0)
-            acc += w * a[None, :] * s[:, None]
+        kb = kb0 + groups
+        k = kb[:, None] * 128 + offs[None, :]
+        mk = k < K
+        a = tl.load(x_ptr + k, mask=mk, other=0.0).to(tl.float32)
+        w = tl.load(w_rows[:, None, None] + k[None, :, :], mask=mask_n[:, None, None] & mk[None, :, :], other=0.0)
+        s = tl.load(s_rows[:, None] + kb[None, :], mask=mask_n[:, None] & (kb < KB)[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * a[None, :, :], axis=2) * s
     return tl.sum(acc, axis=1)
 
 
@@ -295,7 +297,7 @@ def _w8a16_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, N, K, KB, stride_wn
                        SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    acc = _gemv_dot(x_ptr, w_ptr + offs_n[:, None] * stride_wn, mask_n, s_ptr + (offs_n // SCALE_ROWS) * stride_sn,
+    acc = _gemv_dot(x_ptr, w_ptr + offs_n * stride_wn, mask_n, s_ptr + (offs_n // SCALE_ROWS) * stride_sn,
                     K, KB, BLOCK_N, GROUPS)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -304,10 +306,10 @@ def _w8a16_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, N, K, KB, stride_wn
 
 # H200 tile sweep (benchmarks/kernels/sweep_triton.py --kernel gemv, RESULTS): the fastest config per (N, K)
 GEMV_TUNED = {
-    (5120, 2048): dict(BLOCK_N=8, GROUPS=4, num_warps=8, num_stages=1),
-    (2048, 4096): dict(BLOCK_N=4, GROUPS=1, num_warps=8, num_stages=1),
-    (14336, 4096): dict(BLOCK_N=16, GROUPS=2, num_warps=8, num_stages=3),
-    (4096, 14336): dict(BLOCK_N=8, GROUPS=4, num_warps=8, num_stages=1),
+    (5120, 2048): dict(BLOCK_N=8, GROUPS=16, num_warps=8, num_stages=1),
+    (2048, 4096): dict(BLOCK_N=2, GROUPS=16, num_warps=8, num_stages=1),
+    (14336, 4096): dict(BLOCK_N=16, GROUPS=8, num_warps=4, num_stages=1),
+    (4096, 14336): dict(BLOCK_N=2, GROUPS=16, num_warps=4, num_stages=1),
 }
 
 
@@ -317,10 +319,10 @@ def gemv_config(n: int, k: int) -> dict:
 
 
 def gemv_rule_config(n: int) -> dict:
-    """What the sweep's winners share: 8 warps, one stage, and the widest BLOCK_N (16, 8 or 4 rows) that still
-    gives 512 programs (about 4 per SM of an H200)."""
-    block_n = next((b for b in (16, 8) if triton.cdiv(n, b) >= 512), 4)
-    return dict(BLOCK_N=block_n, GROUPS=2, num_warps=8, num_stages=1)
+    """What the sweep's winners share: 16 K groups a step, 8 warps, one stage, and the widest BLOCK_N (8, 4
+    or 2 rows) that still gives 640 programs (about 5 per SM of an H200)."""
+    block_n = next((b for b in (8, 4) if triton.cdiv(n, b) >= 640), 2)
+    return dict(BLOCK_N=block_n, GROUPS=16, num_warps=8, num_stages=1)
 
 
 def w8a16_gemv(x, w, w_s, scale_rows: int = 1, bias=None, config: dict | None = None):
@@ -354,7 +356,7 @@ def _moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, up_ptr, N, K, KB,
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = (offs_n < N) & (expert >= 0)
-    acc = _gemv_dot(x_ptr, w_ptr + expert * stride_we + offs_n[:, None] * stride_wn, mask_n,
+    acc = _gemv_dot(x_ptr, w_ptr + expert * stride_we + offs_n * stride_wn, mask_n,
                     s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, K, KB, BLOCK_N, GROUPS)
     tl.store(up_ptr + slot * stride_up + offs_n, acc.to(up_ptr.dtype.element_ty), mask=offs_n < N)
 
@@ -365,38 +367,40 @@ def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB
                           SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     """y = sum over slots of weight[slot] * W2[expert of slot] . silu_and_mul(up[slot]): the down
     projection, the activation, the routing weights and the sum over experts in one launch. A program
-    loads its BLOCK_N rows of every slot's expert at once ([SLOTS, BLOCK_N, 128] tiles): one token's down
-    projection is only H rows, so walking the experts in turn leaves too few bytes in flight."""
+    loads its BLOCK_N rows of every slot's expert at once ([SLOTS, BLOCK_N, GROUPS, 128] tiles): one token's
+    down projection is only H rows, so walking the experts in turn leaves too few bytes in flight."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     slots = tl.arange(0, SLOTS)
     expert = tl.load(ids_ptr + slots, mask=slots < TOP_K, other=-1).to(tl.int64)
     live = expert >= 0  # an id < 0 (padding, or an expert on another rank) adds nothing
     expert = tl.maximum(expert, 0)
     rows = live[:, None] & (offs_n < N)[None, :]
-    w_rows = w_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None] * stride_wn
+    w_rows = w_ptr + expert[:, None] * stride_we + offs_n[None, :] * stride_wn
     s_rows = s_ptr + expert[:, None] * stride_se + (offs_n // 128)[None, :] * stride_sn
-    x_rows = up_ptr + slots[:, None] * stride_up
+    x_rows = up_ptr + slots[:, None, None] * stride_up
     offs = tl.arange(0, 128)
-    acc = tl.zeros((SLOTS, BLOCK_N, 128), dtype=tl.float32)
+    groups = tl.arange(0, GROUPS)
+    acc = tl.zeros((SLOTS, BLOCK_N, GROUPS), dtype=tl.float32)
     for kb0 in range(0, KB, GROUPS):
-        for g in tl.static_range(GROUPS):
-            kb = kb0 + g
-            k = kb * 128 + offs
-            mk = live[:, None] & (k < I)[None, :]
-            gate = tl.load(x_rows + k[None, :], mask=mk, other=0.0).to(tl.float32)
-            up = tl.load(x_rows + I + k[None, :], mask=mk, other=0.0).to(tl.float32)
-            a = (gate * tl.sigmoid(gate) * up).to(up_ptr.dtype.element_ty).to(tl.float32)  # SGLang's silu_and_mul
-            w = tl.load(w_rows + k[None, None, :], mask=rows[:, :, None] & mk[:, None, :], other=0.0).to(tl.float32)
-            s = tl.load(s_rows + kb, mask=rows & (kb < KB), other=0.0)
-            acc += w * a[:, None, :] * s[:, :, None]
+        kb = kb0 + groups
+        k = kb[:, None] * 128 + offs[None, :]
+        mk = live[:, None, None] & (k < I)[None, :, :]
+        gate = tl.load(x_rows + k[None, :, :], mask=mk, other=0.0).to(tl.float32)
+        up = tl.load(x_rows + I + k[None, :, :], mask=mk, other=0.0).to(tl.float32)
+        a = (gate * tl.sigmoid(gate) * up).to(up_ptr.dtype.element_ty).to(tl.float32)  # SGLang's silu_and_mul
+        w = tl.load(w_rows[:, :, None, None] + k[None, None, :, :], mask=rows[:, :, None, None] & mk[:, None, :, :],
+                    other=0.0)
+        s = tl.load(s_rows[:, :, None] + kb[None, None, :], mask=rows[:, :, None] & (kb < KB)[None, None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * a[:, None, :, :], axis=3) * s
     tw = tl.load(tw_ptr + slots, mask=live, other=0.0).to(tl.float32)
     total = tl.sum(tl.sum(acc, axis=2) * tw[:, None], axis=0)
     tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-# H200 tile sweep of the Qwen3-30B-A3B MoE (E=128, H=2048, I=768, top-8), one config per launch: see RESULTS
-MOE_GEMV_UP_CONFIG = dict(BLOCK_N=16, GROUPS=4, num_warps=8, num_stages=3)
-MOE_GEMV_DOWN_CONFIG = dict(BLOCK_N=8, GROUPS=6, num_warps=4, num_stages=1)
+# H200 tile sweep of the Qwen3-30B-A3B MoE (E=128, H=2048, I=768, top-8), one config per launch: see RESULTS.
+# The down projection's 8 groups cover I = 768 (6 groups) in one step, the last two masked off.
+MOE_GEMV_UP_CONFIG = dict(BLOCK_N=32, GROUPS=16, num_warps=8, num_stages=1)
+MOE_GEMV_DOWN_CONFIG = dict(BLOCK_N=8, GROUPS=8, num_warps=8, num_stages=1)
 
 
 def moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config: dict | None = None,

@@ -151,12 +151,12 @@ def sweep_moe_w8a16(out):
     open(out, "w").write("\n".join(lines) + "\n")
 
 
-GEMV_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=st)
-             for bn, g, w, st in itertools.product((4, 8, 16, 32), (1, 2, 4), (4, 8), (1, 3))]
-MOE_GEMV_UP_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=st)
-                    for bn, g, w, st in itertools.product((8, 16, 32, 64), (1, 2, 4, 8), (4, 8), (1, 3))]
-MOE_GEMV_DOWN_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)  # I = 768: 6 K groups, GROUPS 3 or 6 whole
-                      for bn, g, w in itertools.product((1, 2, 4, 8), (1, 2, 3, 6), (2, 4, 8))]
+GEMV_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)  # GROUPS 16 = all of K = 2048 in one step
+             for bn, g, w in itertools.product((1, 2, 4, 8, 16), (2, 4, 8, 16, 32), (4, 8))]
+MOE_GEMV_UP_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)
+                    for bn, g, w in itertools.product((4, 8, 16, 32, 64), (2, 4, 8, 16), (4, 8))]
+MOE_GEMV_DOWN_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)  # I = 768: 6 K groups, in 3, 2 or 1 steps
+                      for bn, g, w in itertools.product((1, 2, 4, 8, 16), (2, 4, 8), (2, 4, 8))]
 MOE_ROUTINGS = 16  # one-token calls per graph, each with its own experts: 16 x 8 picks of 128 stream from HBM
 
 
