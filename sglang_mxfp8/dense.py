@@ -26,8 +26,9 @@ WEIGHT_ONLY_ENV = "SGLANG_MXFP8_WEIGHT_ONLY"
 # FlashInfer's fused-quantization GEMM beat it at M <= 16.
 WEIGHT_ONLY_MAX_M = 16
 WEIGHT_ONLY_MAX_N = 5120
-# Served [N, K] (Qwen3-30B-A3B's qkv and o) whose one-token batches the Hopper backends give the GEMV
-HOPPER_GEMV_SHAPES = frozenset({(5120, 2048), (2048, 4096)})
+# Served [N, K] whose one-token batches both Hopper backends give the GEMV: Qwen3-30B-A3B's qkv and o,
+# Llama-3-8B's down projection
+HOPPER_GEMV_SHAPES = frozenset({(5120, 2048), (2048, 4096), (4096, 14336)})
 GEMV_ENV = "SGLANG_MXFP8_GEMV"
 
 
@@ -81,8 +82,9 @@ class HopperTritonDense(DenseBackend):
 
     kernel = resolver.HOPPER_TRITON
     block_rows = 1
-    # against the weight-only GEMM: 1.22x, 1.37x; not 4096->14336, whose W8A8 whole op (22.8 us) was faster
-    gemv_shapes = HOPPER_GEMV_SHAPES
+    # H200, one token, same run (RESULTS, "Wider GEMV tiles"): 5.9 / 5.2 / 21.4 us against the weight-only GEMM's
+    # 8.7 / 10.3 / 31.5, and 20.7 us on Llama-3-8B's up projection against the W8A8 whole op's 23.3
+    gemv_shapes = HOPPER_GEMV_SHAPES | {(14336, 4096)}
 
     weight_only_max_m = 0  # set per layer by create_buffers
 
@@ -122,8 +124,8 @@ class HopperFlashInferDense(DenseBackend):
 
     kernel = resolver.HOPPER_FLASHINFER
     block_rows = 128
-    # against FlashInfer's whole op (its quantizer + GEMM) in a served batch-1 step: 1.18x on the two together;
-    # on Llama-3-8B's MLP it was 17-27% slower than FlashInfer's time from an earlier run
+    # H200, one token, same run (RESULTS, "Wider GEMV tiles"): 5.9 / 5.2 / 21.4 us against FlashInfer's whole op
+    # (its quantizer + GEMM) 7.9 / 9.7 / 24.9; not Llama-3-8B's up projection (20.7 against 20.3)
     gemv_shapes = HOPPER_GEMV_SHAPES
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):

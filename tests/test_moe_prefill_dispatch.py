@@ -118,9 +118,10 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
     assert cli(doctor) == 0
     out_gemv = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
     assert out_gemv == [
-        "  one-token batches on the weight-streaming GEMV: hopper_flashinfer_blockscale layers of [2048 x 4096], [5120 x 2048] "
+        "  one-token batches on the weight-streaming GEMV: hopper_flashinfer_blockscale layers of [2048 x 4096], [4096 x 14336], "
+        "[5120 x 2048] "
         "(as served: SGLang fuses q/k/v and gate/up); SGLANG_MXFP8_GEMV=0 turns it off"]
-    assert HopperFlashInferDense.gemv_shapes == {(2048, 4096), (5120, 2048)}
+    assert HopperFlashInferDense.gemv_shapes == {(2048, 4096), (4096, 14336), (5120, 2048)}
     _, wide = _doctor_on_tiny_model(tmp_path / "wide", hidden=2048, moe_intermediate=768, experts=2, layers=1)
     wide += ["--fp8-gemm-backend", "flashinfer_trtllm"]
     assert cli(wide) == 0

@@ -82,6 +82,7 @@ def main():
     ap.add_argument("--flashinfer", action="store_true", help="also time fp8_blockscale_gemm_sm90 (JIT ~2 min first time)")
     ap.add_argument("--timer", choices=["eager", "graph"], default="eager")
     ap.add_argument("--tp", type=int, default=1, help="time one tensor-parallel rank's shard")
+    ap.add_argument("--ms", type=int, nargs="+", default=MS, help="batch sizes (rows of the activation)")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     how = ("do_bench medians" if args.timer == "eager" else
@@ -98,7 +99,7 @@ def main():
             header = ["| shape | M | BF16 cuBLAS us | " + " | ".join(f"{b} us (ratio)" for b in labels) + " |",
                       "|---|---|---|" + "---|" * len(labels)]
             lines += header
-        for m in MS:
+        for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             times = {}
             for label, calls in fns.items():

@@ -192,7 +192,8 @@ def test_weight_only_moe_matches_reference(m):
 
 
 @pytest.mark.parametrize("backend_cls,n,k", [(HopperTritonDense, n, k) for n, k in SHAPES]
-                         + [(HopperFlashInferDense, n, k) for n, k in SHAPES])
+                         + [(HopperFlashInferDense, n, k) for n, k in SHAPES]
+                         + [(HopperTritonDense, 14336, 4096), (HopperFlashInferDense, 4096, 14336)])  # Llama-3-8B MLP
 def test_gemv_matches_reference_and_replays_in_cuda_graph(backend_cls, n, k):
     """One-token weight-streaming GEMV on either backend's converted scales vs float32; a CUDA graph replays it."""
     from sglang_mxfp8.triton_hopper import w8a16_gemv
