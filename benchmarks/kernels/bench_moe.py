@@ -11,10 +11,12 @@ Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8.
 
     python benchmarks/kernels/bench_moe.py --out OUT/moe.md [--tp 2]
 
-Two timings: do_bench (eager: each call's host launch cost included when the GPU work is shorter) and
-GPU time inside a CUDA graph (as SGLang's decode graphs run it; the 0.6-1.2 GB of expert weights
-exceed the L2 cache, so one layer is enough). --tp T: one tensor-parallel rank's shard (intermediate
-size I / T per expert; the all-reduce is not timed).
+Two timings: do_bench (eager: each call's host launch cost included when the GPU work is shorter; the L2
+is flushed between calls) and GPU time inside a CUDA graph (as SGLang's decode graphs run it). From 16
+tokens up a routing touches most experts, 0.6-1.2 GB, far more than the 50 MB L2, so one call per graph is
+enough; one token touches 8 experts (38 MB in FP8, 75 MB in BF16), so its graph runs 16 calls, each with its
+own routing, as a decode step's layers do. --tp T: one tensor-parallel rank's shard (intermediate size I / T
+per expert; the all-reduce is not timed).
 """
 
 import argparse
@@ -38,6 +40,7 @@ from plot_speedup import plot_beside  # noqa: E402
 E, H, I, TOPK = 128, 2048, 768, 8
 MS = [1, 16, 64, 128, 256, 1024, 2048, 4096, 8192]
 WEIGHT_ONLY_MAX = 256  # our weight-only MoE kernel is meant for decode batches
+ONE_TOKEN_ROUTINGS = 16  # one-token graph calls, each with its own experts, so they stream from HBM
 
 
 def routing(m, gen):
@@ -64,11 +67,17 @@ def experts(inter: int, gen):
     return w13_16, w2_16, q13, q2, c13, c2, mx_bytes
 
 
-def candidate(run, ref, bf16_us) -> str:
-    """Table cells 'graph us (ratio to BF16) | rel. error vs BF16' for one MoE call, or why it failed."""
+def graph_per_call_us(run, routings) -> float:
+    """GPU time of ``run(topk_weights, topk_ids)`` per call, in one CUDA graph with one call per routing."""
+    return graph_us([lambda r=r: run(*r) for r in routings])
+
+
+def candidate(run, routings, ref, bf16_us) -> str:
+    """Table cells 'graph us (ratio to BF16) | rel. error vs BF16' for an MoE call ``run(topk_weights,
+    topk_ids)`` (error on the first routing), or why it failed."""
     try:
-        got = run().float()
-        us = graph_us([run])
+        got = run(*routings[0]).float()
+        us = graph_per_call_us(run, routings)
         return f"{us:.1f} ({bf16_us / us:.2f}x) | {((got - ref).norm() / ref.norm()).item():.4f}"
     except Exception as e:  # noqa: BLE001 - a kernel missing from this sgl_kernel build: say so in the table
         return f"failed: {type(e).__name__}: {str(e)[:80]} | n/a"
@@ -100,29 +109,32 @@ def main():
     cutlass_es = CutlassGroupedMoE(E, H, inter, "cuda", expert_specialized=True)
     for m in MS:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
-        tw, ids = routing(m, gen)
+        routings = [routing(m, gen) for _ in range(ONE_TOKEN_ROUTINGS if m == 1 else 1)]
 
-        def bf16():
+        def bf16(tw, ids):
             return outplace_fused_experts(x, w13_16, w2_16, tw, ids)
 
-        def mx():
+        def mx(tw, ids):
             return outplace_fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale,
                                           w2_scale=c2.block_scale, block_shape=[128, 128])
 
-        ref, out = bf16().float(), mx().float()
+        ref, out = bf16(*routings[0]).float(), mx(*routings[0]).float()
         rel = ((out - ref).norm() / ref.norm()).item()
-        t16 = do_bench(bf16, warmup=10, rep=50) * 1e3
-        t8 = do_bench(mx, warmup=10, rep=50) * 1e3
-        g16, g8 = graph_us([bf16]), graph_us([mx])
+        t16 = do_bench(lambda: bf16(*routings[0]), warmup=10, rep=50) * 1e3
+        t8 = do_bench(lambda: mx(*routings[0]), warmup=10, rep=50) * 1e3
+        g16, g8 = graph_per_call_us(bf16, routings), graph_per_call_us(mx, routings)
         wo = "n/a"
         if m <= WEIGHT_ONLY_MAX:
-            gw = graph_us([lambda: moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids)])
+            gw = graph_per_call_us(lambda tw, ids: moe_w8a16(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids),
+                                   routings)
             wo = f"{gw:.1f} ({g16 / gw:.2f}x)"
-        cut = " | ".join(candidate(lambda: run(x, tw, ids, q13, q2, c13.block_scale, c2.block_scale), ref, g16)
+        cut = " | ".join(candidate(lambda tw, ids, run=run: run(x, tw, ids, q13, q2, c13.block_scale, c2.block_scale),
+                                   routings, ref, g16)
                          for run in (cutlass, cutlass_es))
         gemv = "n/a | n/a"
         if m == 1:
-            gemv = candidate(lambda: moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids), ref, g16)
+            gemv = candidate(lambda tw, ids: moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids),
+                             routings, ref, g16)
         lines.append(f"| {m} | {t16:.1f} | {t8:.1f} | {t16 / t8:.2f}x | {g16:.1f} | {g8:.1f} | {g16 / g8:.2f}x | {rel:.4f} "
                      f"| {wo} | {cut} | {gemv} |")
         print(lines[-1], flush=True)

@@ -157,7 +157,6 @@ MOE_GEMV_UP_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)
                     for bn, g, w in itertools.product((4, 8, 16, 32, 64), (2, 4, 8, 16), (4, 8))]
 MOE_GEMV_DOWN_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)  # I = 768: 6 K groups, in 3, 2 or 1 steps
                       for bn, g, w in itertools.product((1, 2, 4, 8, 16), (2, 4, 8), (2, 4, 8))]
-MOE_ROUTINGS = 16  # one-token calls per graph, each with its own experts: 16 x 8 picks of 128 stream from HBM
 
 
 def sweep_gemv(out):
@@ -187,11 +186,11 @@ def sweep_gemv(out):
 def sweep_moe_gemv(out):
     """The one-token GEMV MoE (Qwen3-30B-A3B layer), one call per routing in a CUDA graph: the up projection's
     tiles with the shipped down config, then the down projection's with the best up config."""
-    from bench_moe import E, H, I, routing  # this folder
+    from bench_moe import E, H, I, ONE_TOKEN_ROUTINGS, routing  # this folder
 
     fused_experts, gen, (w13_16, w2_16, q13, q2, c13, c2) = qwen3_moe_layer()
     x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=gen)
-    routings = [routing(1, gen) for _ in range(MOE_ROUTINGS)]  # as a decode step's layers: experts not in L2
+    routings = [routing(1, gen) for _ in range(ONE_TOKEN_ROUTINGS)]  # as a decode step's layers: experts not in L2
     t16 = graph_us([lambda r=r: fused_experts(x, w13_16, w2_16, *r) for r in routings])
     t8 = graph_us([lambda r=r: fused_experts(x, q13, q2, *r, use_fp8_w8a8=True, w1_scale=c13.block_scale,
                                              w2_scale=c2.block_scale, block_shape=[128, 128]) for r in routings])
@@ -203,10 +202,11 @@ def sweep_moe_gemv(out):
         return graph_us([lambda r=r: moe(up, down, r) for r in routings], reps=reps)
 
     tdef = time(None, None, reps=20)
+    print(f"BF16 {t16:.1f} us, SGLang MXFP8 {t8:.1f} us, GEMV MoE shipped cfgs {tdef:.1f} us", flush=True)
     t_up, up, tried_up = best_config(MOE_GEMV_UP_GRID, lambda cfg: moe(cfg, None), lambda cfg: time(cfg, None))
     t, down, tried_down = best_config(MOE_GEMV_DOWN_GRID, lambda cfg: moe(up, cfg), lambda cfg: time(up, cfg))
     lines = [f"GPU: {torch.cuda.get_device_name()}; one token, MoE E={E} H={H} I={I} top-8; GPU time per call inside "
-             f"one CUDA graph of {MOE_ROUTINGS} calls, each with its own routing, microseconds", "",
+             f"one CUDA graph of {ONE_TOKEN_ROUTINGS} calls, each with its own routing, microseconds", "",
              "| BF16 fused MoE | SGLang MXFP8 fused MoE | GEMV MoE shipped cfgs | best up cfg (shipped down) | "
              "best down cfg (with best up) | best up / down cfg | best vs BF16 | best vs SGLang MXFP8 | configs tried |",
              "|---|---|---|---|---|---|---|---|---|",
