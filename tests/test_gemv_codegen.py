@@ -1,0 +1,81 @@
+"""What the one-token GEMVs compile to for the H200 (sm90), checked on the CPU machine.
+
+A one-token GEMV is bound by how many weight bytes each SM has in flight. Triton compiles for sm90 here
+without a GPU (its bundled ptxas; SASS read with its bundled nvdisasm), so the two properties the H200
+sweeps rewarded are asserted on the machine code of the shipped configs: the FP8 weights are read with
+16-byte loads, and a thread issues all of a loop step's weight loads before the step's first multiply. (The
+kernel before commit 53d0ae0 read its weights 4 bytes at a time and ran 1.1-1.5x slower on the H200; this
+test fails on it.)
+Speed itself is measured by benchmarks/kernels/sweep_triton.py on the GPU.
+"""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from sglang_mxfp8 import triton_hopper as th  # noqa: E402
+
+NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+DENSE_SIG = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", bias_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32",
+                 KB="i32", stride_wn="i32", stride_sn="i32")
+UP_SIG = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", ids_ptr="*i32", up_ptr="*bf16", N="i32", K="i32",
+              KB="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_up="i32")
+DOWN_SIG = dict(up_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", ids_ptr="*i32", tw_ptr="*fp32", y_ptr="*bf16",
+                N="i32", I="i32", KB="i32", TOP_K="i32", stride_up="i32", stride_we="i32", stride_wn="i32",
+                stride_se="i32", stride_sn="i32")
+# integer arguments Triton specializes as multiples of 16 at launch on the served shapes
+DIVISIBLE = {"N", "K", "I", "stride_wn", "stride_we", "stride_up"}
+
+
+def sm90_sass(kernel, signature: dict, constants: dict, config: dict) -> str:
+    """SASS of ``kernel`` compiled for sm90 with ``config``'s tile constants, warps and stages."""
+    cfg = dict(config)
+    options = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
+    constants = {**constants, **cfg}
+    sig = {**signature, **{name: "constexpr" for name in constants}}
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in signature if n.endswith("_ptr") or n in DIVISIBLE}
+    compiled = triton.compile(ASTSource(kernel, sig, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=options)
+    path = f"/tmp/sglang_mxfp8_codegen_{os.getpid()}.cubin"
+    with open(path, "wb") as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        return subprocess.run([NVDISASM, path], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.remove(path)
+
+
+def load_order(sass: str) -> str:
+    """The kernel's 16-byte global loads ('W') and floating multiplies ('*') in program order."""
+    ops = re.findall(r"\b(LDG\.E\.128|FMUL|FFMA|HADD2\.F32)\b", sass)
+    return "".join("W" if op.startswith("LDG") else "*" for op in ops)
+
+
+def weight_bytes_per_thread(rows: int, groups: int, num_warps: int) -> int:
+    return rows * groups * 128 // (num_warps * 32)
+
+
+@pytest.mark.parametrize("n,k", sorted(th.GEMV_TUNED))
+def test_dense_gemv_issues_its_weight_loads_16_bytes_wide_before_any_multiply(n, k):
+    cfg = th.gemv_config(n, k)
+    order = load_order(sm90_sass(th._w8a16_gemv_kernel, DENSE_SIG, dict(SCALE_ROWS=128, HAS_BIAS=False), cfg))
+    need = weight_bytes_per_thread(cfg["BLOCK_N"], cfg["GROUPS"], cfg["num_warps"]) // 16
+    # each thread's share of a step's weight tile in 16-byte loads, all issued before the step's first multiply
+    assert need >= 1 and order.index("*") >= need, (cfg, order)
+
+
+def test_moe_gemv_launches_issue_their_weight_loads_16_bytes_wide_before_any_multiply():
+    up, down = th.MOE_GEMV_UP_CONFIG, th.MOE_GEMV_DOWN_CONFIG
+    for kernel, sig, constants, cfg, rows in (
+            (th._moe_gemv_up_kernel, UP_SIG, {}, up, up["BLOCK_N"]),
+            (th._moe_gemv_down_kernel, DOWN_SIG, dict(SLOTS=8), down, 8 * down["BLOCK_N"])):  # rows of 8 experts
+        order = load_order(sm90_sass(kernel, sig, constants, cfg))
+        need = weight_bytes_per_thread(rows, cfg["GROUPS"], cfg["num_warps"]) // 16
+        assert need >= 1 and order.index("*") >= need, (kernel.__name__, order)
