@@ -22,25 +22,22 @@ from triton.compiler import ASTSource  # noqa: E402
 from sglang_mxfp8 import triton_hopper as th  # noqa: E402
 
 NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-DENSE_SIG = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", bias_ptr="*bf16", y_ptr="*bf16", N="i32", K="i32",
-                 KB="i32", stride_wn="i32", stride_sn="i32")
-UP_SIG = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", ids_ptr="*i32", up_ptr="*bf16", N="i32", K="i32",
-              KB="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_up="i32")
-DOWN_SIG = dict(up_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", ids_ptr="*i32", tw_ptr="*fp32", y_ptr="*bf16",
-                N="i32", I="i32", KB="i32", TOP_K="i32", stride_up="i32", stride_we="i32", stride_wn="i32",
-                stride_se="i32", stride_sn="i32")
+# pointer arguments by name (every other pointer is a bf16 activation or output; every other argument an int32)
+POINTERS = {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "tw_ptr": "*fp32"}
 # integer arguments Triton specializes as multiples of 16 at launch on the served shapes
 DIVISIBLE = {"N", "K", "I", "stride_wn", "stride_we", "stride_up"}
 
 
-def sm90_sass(kernel, signature: dict, constants: dict, config: dict) -> str:
-    """SASS of ``kernel`` compiled for sm90 with ``config``'s tile constants, warps and stages."""
+def sm90_sass(kernel, constants: dict, config: dict) -> str:
+    """SASS of ``kernel`` compiled for sm90 with ``config``'s tile constants, warps and stages (argument types
+    from the parameters' names)."""
     cfg = dict(config)
     options = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
     constants = {**constants, **cfg}
-    sig = {**signature, **{name: "constexpr" for name in constants}}
-    names = list(sig)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in signature if n.endswith("_ptr") or n in DIVISIBLE}
+    names = [p.name for p in kernel.params]
+    sig = {n: "constexpr" if n in constants else POINTERS.get(n, "*bf16") if n.endswith("_ptr") else "i32"
+           for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n][0] == "*" or n in DIVISIBLE}
     compiled = triton.compile(ASTSource(kernel, sig, constants, attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)
     path = f"/tmp/sglang_mxfp8_codegen_{os.getpid()}.cubin"
@@ -65,7 +62,7 @@ def weight_bytes_per_thread(rows: int, groups: int, num_warps: int) -> int:
 @pytest.mark.parametrize("n,k", sorted(th.GEMV_TUNED))
 def test_dense_gemv_issues_its_weight_loads_16_bytes_wide_before_any_multiply(n, k):
     cfg = th.gemv_config(n, k)
-    order = load_order(sm90_sass(th._w8a16_gemv_kernel, DENSE_SIG, dict(SCALE_ROWS=128, HAS_BIAS=False), cfg))
+    order = load_order(sm90_sass(th._w8a16_gemv_kernel, dict(SCALE_ROWS=128, HAS_BIAS=False), cfg))
     need = weight_bytes_per_thread(cfg["BLOCK_N"], cfg["GROUPS"], cfg["num_warps"]) // 16
     # each thread's share of a step's weight tile in 16-byte loads, all issued before the step's first multiply
     assert need >= 1 and order.index("*") >= need, (cfg, order)
@@ -73,9 +70,9 @@ def test_dense_gemv_issues_its_weight_loads_16_bytes_wide_before_any_multiply(n,
 
 def test_moe_gemv_launches_issue_their_weight_loads_16_bytes_wide_before_any_multiply():
     up, down = th.MOE_GEMV_UP_CONFIG, th.MOE_GEMV_DOWN_CONFIG
-    for kernel, sig, constants, cfg, rows in (
-            (th._moe_gemv_up_kernel, UP_SIG, {}, up, up["BLOCK_N"]),
-            (th._moe_gemv_down_kernel, DOWN_SIG, dict(SLOTS=8), down, 8 * down["BLOCK_N"])):  # rows of 8 experts
-        order = load_order(sm90_sass(kernel, sig, constants, cfg))
+    for kernel, constants, cfg, rows in (
+            (th._moe_gemv_up_kernel, {}, up, up["BLOCK_N"]),
+            (th._moe_gemv_down_kernel, dict(SLOTS=8), down, 8 * down["BLOCK_N"])):  # rows of 8 experts
+        order = load_order(sm90_sass(kernel, constants, cfg))
         need = weight_bytes_per_thread(rows, cfg["GROUPS"], cfg["num_warps"]) // 16
         assert need >= 1 and order.index("*") >= need, (kernel.__name__, order)
