@@ -50,7 +50,7 @@ class DenseBackend:
     block_rows: int = 1
     gemv = False  # this layer's one-token batches run the weight-streaming GEMV; set with the converter
     # (N, K) of served layers (after SGLang fuses q/k/v and gate/up) where the one-token GEMV ran faster than
-    # this backend's own kernel at M = 1 on the H200 (benchmarks/RESULTS.md, "One-token GEMVs")
+    # this backend's own kernel at M = 1 on the H200 (benchmarks/RESULTS.md, "Wider GEMV tiles")
     gemv_shapes: frozenset = frozenset()
 
     def __init__(self, choice: resolver.Choice, layer_name: str):
