@@ -348,27 +348,34 @@ def _w8a16_gemv(x, w, w_s, scale_rows, bias, config):
 
 
 @triton.jit
-def _moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, up_ptr, N, K, KB,
-                        stride_we, stride_wn, stride_se, stride_sn, stride_up,
+def _moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, I, K, KB,
+                        stride_we, stride_wn, stride_se, stride_sn, stride_act,
                         BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
-    """up[slot] = W13[expert of slot] . x, one program per (BLOCK_N rows, slot)."""
+    """act[slot] = silu_and_mul(W13[expert of slot] . x) for BLOCK_N of the I outputs, one program per
+    (BLOCK_N outputs, slot). A program's rows are its outputs' gate and up rows, interleaved, so the
+    activation is computed once per output here rather than by every program of the down projection."""
     slot = tl.program_id(1)
     expert = tl.load(ids_ptr + slot).to(tl.int64)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = (offs_n < N) & (expert >= 0)
-    acc = _gemv_dot(x_ptr, w_ptr + expert * stride_we + offs_n * stride_wn, mask_n,
-                    s_ptr + expert * stride_se + (offs_n // 128) * stride_sn, K, KB, BLOCK_N, GROUPS)
-    tl.store(up_ptr + slot * stride_up + offs_n, acc.to(up_ptr.dtype.element_ty), mask=offs_n < N)
+    r = tl.arange(0, 2 * BLOCK_N)
+    offs_i = tl.program_id(0) * BLOCK_N + r // 2
+    rows = offs_i + (r % 2) * I  # even r: gate row, odd r: up row
+    acc = _gemv_dot(x_ptr, w_ptr + expert * stride_we + rows * stride_wn, (offs_i < I) & (expert >= 0),
+                    s_ptr + expert * stride_se + (rows // 128) * stride_sn, K, KB, 2 * BLOCK_N, GROUPS)
+    # SGLang's silu_and_mul on the bf16 gate and up its fused MoE would have stored
+    gate, up = tl.split(tl.reshape(acc.to(act_ptr.dtype.element_ty).to(tl.float32), (BLOCK_N, 2)))
+    offs_o = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(act_ptr + slot * stride_act + offs_o, (gate * tl.sigmoid(gate) * up).to(act_ptr.dtype.element_ty),
+             mask=offs_o < I)
 
 
 @triton.jit
-def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB, TOP_K,
-                          stride_up, stride_we, stride_wn, stride_se, stride_sn,
+def _moe_gemv_down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB, TOP_K,
+                          stride_act, stride_we, stride_wn, stride_se, stride_sn,
                           SLOTS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
-    """y = sum over slots of weight[slot] * W2[expert of slot] . silu_and_mul(up[slot]): the down
-    projection, the activation, the routing weights and the sum over experts in one launch. A program
-    loads its BLOCK_N rows of every slot's expert at once ([SLOTS, BLOCK_N, GROUPS, 128] tiles): one token's
-    down projection is only H rows, so walking the experts in turn leaves too few bytes in flight."""
+    """y = sum over slots of weight[slot] * W2[expert of slot] . act[slot]: the down projection, the routing
+    weights and the sum over experts in one launch. A program loads its BLOCK_N rows of every slot's expert
+    at once ([SLOTS, BLOCK_N, GROUPS, 128] tiles): one token's down projection is only H rows, so walking the
+    experts in turn leaves too few bytes in flight."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     slots = tl.arange(0, SLOTS)
     expert = tl.load(ids_ptr + slots, mask=slots < TOP_K, other=-1).to(tl.int64)
@@ -377,7 +384,7 @@ def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB
     rows = live[:, None] & (offs_n < N)[None, :]
     w_rows = w_ptr + expert[:, None] * stride_we + offs_n[None, :] * stride_wn
     s_rows = s_ptr + expert[:, None] * stride_se + (offs_n // 128)[None, :] * stride_sn
-    x_rows = up_ptr + slots[:, None, None] * stride_up
+    act_rows = act_ptr + slots[:, None, None] * stride_act
     offs = tl.arange(0, 128)
     groups = tl.arange(0, GROUPS)
     acc = tl.zeros((SLOTS, BLOCK_N, GROUPS), dtype=tl.float32)
@@ -385,9 +392,7 @@ def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB
         kb = kb0 + groups
         k = kb[:, None] * 128 + offs[None, :]
         mk = live[:, None, None] & (k < I)[None, :, :]
-        gate = tl.load(x_rows + k[None, :, :], mask=mk, other=0.0).to(tl.float32)
-        up = tl.load(x_rows + I + k[None, :, :], mask=mk, other=0.0).to(tl.float32)
-        a = (gate * tl.sigmoid(gate) * up).to(up_ptr.dtype.element_ty).to(tl.float32)  # SGLang's silu_and_mul
+        a = tl.load(act_rows + k[None, :, :], mask=mk, other=0.0).to(tl.float32)
         w = tl.load(w_rows[:, :, None, None] + k[None, None, :, :], mask=rows[:, :, None, None] & mk[:, None, :, :],
                     other=0.0)
         s = tl.load(s_rows[:, :, None] + kb[None, None, :], mask=rows[:, :, None] & (kb < KB)[None, None, :], other=0.0)
@@ -399,7 +404,7 @@ def _moe_gemv_down_kernel(up_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, KB
 
 # H200 tile sweep of the Qwen3-30B-A3B MoE (E=128, H=2048, I=768, top-8), one config per launch: see RESULTS.
 # The down projection's 8 groups cover I = 768 (6 groups) in one step, the last two masked off.
-MOE_GEMV_UP_CONFIG = dict(BLOCK_N=32, GROUPS=16, num_warps=8, num_stages=1)
+MOE_GEMV_UP_CONFIG = dict(BLOCK_N=16, GROUPS=16, num_warps=8, num_stages=1)  # 16 outputs: 32 rows
 MOE_GEMV_DOWN_CONFIG = dict(BLOCK_N=8, GROUPS=8, num_warps=8, num_stages=1)
 
 
@@ -415,20 +420,20 @@ def moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config: dict | None
 
 
 def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_config):
-    """The launches, for any float activation dtype. A down projection program covers BLOCK_N rows of
-    every expert of the token."""
+    """The launches, for any float activation dtype: the up projection with the activation ([top_k, I]), then
+    the down projection, whose programs each cover BLOCK_N rows of every expert of the token."""
     up_cfg, down_cfg = up_config or MOE_GEMV_UP_CONFIG, down_config or MOE_GEMV_DOWN_CONFIG
-    h, n13, inter, top_k = x.shape[1], w13.shape[1], w2.shape[2], topk_ids.shape[1]
+    h, inter, top_k = x.shape[1], w2.shape[2], topk_ids.shape[1]
     ids, tw = topk_ids.reshape(-1).contiguous(), topk_weights.reshape(-1).contiguous()
-    up = torch.empty((top_k, n13), dtype=x.dtype, device=x.device)
-    _moe_gemv_up_kernel[(triton.cdiv(n13, up_cfg["BLOCK_N"]), top_k)](
-        x.contiguous(), w13, s13, ids, up, n13, h, triton.cdiv(h, GROUP_K),
-        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), up.stride(0), **up_cfg,
+    act = torch.empty((top_k, inter), dtype=x.dtype, device=x.device)
+    _moe_gemv_up_kernel[(triton.cdiv(inter, up_cfg["BLOCK_N"]), top_k)](
+        x.contiguous(), w13, s13, ids, act, inter, h, triton.cdiv(h, GROUP_K),
+        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), act.stride(0), **up_cfg,
     )
     y = torch.empty((1, h), dtype=x.dtype, device=x.device)
     _moe_gemv_down_kernel[(triton.cdiv(h, down_cfg["BLOCK_N"]),)](
-        up, w2, s2, ids, tw, y, h, inter, triton.cdiv(inter, GROUP_K), top_k,
-        up.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
+        act, w2, s2, ids, tw, y, h, inter, triton.cdiv(inter, GROUP_K), top_k,
+        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1),
         SLOTS=triton.next_power_of_2(top_k), **down_cfg,
     )
     return y

@@ -154,7 +154,7 @@ def sweep_moe_w8a16(out):
 GEMV_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)  # GROUPS 16 = all of K = 2048 in one step
              for bn, g, w in itertools.product((1, 2, 4, 8, 16), (2, 4, 8, 16, 32), (4, 8))]
 MOE_GEMV_UP_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)
-                    for bn, g, w in itertools.product((4, 8, 16, 32, 64), (2, 4, 8, 16), (4, 8))]
+                    for bn, g, w in itertools.product((2, 4, 8, 16, 32), (2, 4, 8, 16), (4, 8))]  # BLOCK_N outputs: 2x rows
 MOE_GEMV_DOWN_GRID = [dict(BLOCK_N=bn, GROUPS=g, num_warps=w, num_stages=1)  # I = 768: 6 K groups, in 3, 2 or 1 steps
                       for bn, g, w in itertools.product((1, 2, 4, 8, 16), (2, 4, 8), (2, 4, 8))]
 
