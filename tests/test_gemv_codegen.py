@@ -25,7 +25,7 @@ NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", 
 # pointer arguments by name (every other pointer is a bf16 activation or output; every other argument an int32)
 POINTERS = {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "tw_ptr": "*fp32"}
 # integer arguments Triton specializes as multiples of 16 at launch on the served shapes
-DIVISIBLE = {"N", "K", "I", "stride_wn", "stride_we", "stride_up"}
+DIVISIBLE = {"N", "K", "I", "stride_wn", "stride_we", "stride_act"}
 
 
 def sm90_sass(kernel, constants: dict, config: dict) -> str:
@@ -71,7 +71,7 @@ def test_dense_gemv_issues_its_weight_loads_16_bytes_wide_before_any_multiply(n,
 def test_moe_gemv_launches_issue_their_weight_loads_16_bytes_wide_before_any_multiply():
     up, down = th.MOE_GEMV_UP_CONFIG, th.MOE_GEMV_DOWN_CONFIG
     for kernel, constants, cfg, rows in (
-            (th._moe_gemv_up_kernel, {}, up, up["BLOCK_N"]),
+            (th._moe_gemv_up_kernel, {}, up, 2 * up["BLOCK_N"]),  # a gate and an up row per output
             (th._moe_gemv_down_kernel, dict(SLOTS=8), down, 8 * down["BLOCK_N"])):  # rows of 8 experts
         order = load_order(sm90_sass(kernel, constants, cfg))
         need = weight_bytes_per_thread(rows, cfg["GROUPS"], cfg["num_warps"]) // 16
