@@ -27,7 +27,7 @@ def test_kernel_times_per_step_sorted_with_total(tmp_path):
     assert rows[0][1:] == (2.0, 60.0)
     assert rows[1][1:] == (4.0, 10.0)
     assert rows[-1][1] == pytest.approx(6.25) and rows[-1][2] == pytest.approx(71.0)
-    table = bench.profile_tables({"MXFP8": rows}, top=2)
+    table = bench.profile_tables({"MXFP8": {"kernels": rows, "timeline": None}}, top=2)
     assert "| moe_gemm | 2.0 | 60.0 |" in table and "| all kernels | 6.2 | 71.0 |" in table
     assert not any("argmax" in line for line in table)
 
@@ -49,3 +49,31 @@ def test_kernel_times_counts_the_steps_the_window_holds(tmp_path):
     rows = bench.kernel_times(trace, steps=4)
     assert rows[0] == ("moe_gemm", 2.0, 60.0)
     assert rows[1] == (argmax, 1.0, 4.0)
+
+
+def test_step_timeline_counts_overlapping_kernels_once_and_the_idle_gap_in_the_period(tmp_path):
+    """Three steps between four argmaxes, 100 us apart: a GEMV (10 us) whose dependent launch (20 us) starts
+    5 us into it, then the argmax (4 us): 34 us of kernel time per step, 29 us of busy GPU."""
+    argmax = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>"
+    events = [{"cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 900.0}]
+    for step in range(4):
+        t = 1000.0 + 100.0 * step
+        events += [{"cat": "kernel", "name": "up", "ts": t, "dur": 10.0},
+                   {"cat": "kernel", "name": "down", "ts": t + 5.0, "dur": 20.0},
+                   {"cat": "kernel", "name": argmax, "ts": t + 30.0, "dur": 4.0}]
+    trace = tmp_path / "t.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    timeline = bench.step_timeline(trace)
+    assert timeline == {"steps": 3, "busy_us": pytest.approx(29.0), "period_us": pytest.approx(100.0)}
+    rows = bench.kernel_times(trace, steps=3)
+    assert rows[-1][2] == pytest.approx(34.0)  # the kernel sum per step (4 argmaxes: 4 steps)
+    table = bench.profile_tables({"MXFP8": {"kernels": rows, "timeline": timeline}})
+    assert "busy 29.0 us per step" in table[-1] and "takes 100.0 us" in table[-1]
+
+
+def test_step_timeline_needs_two_steps(tmp_path):
+    trace = tmp_path / "t.trace.json.gz"
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": [{"cat": "kernel", "name": "x ArgMaxOps", "ts": 0.0, "dur": 1.0}]}, f)
+    assert bench.step_timeline(trace) is None

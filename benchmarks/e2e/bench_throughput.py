@@ -19,7 +19,8 @@ time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
 
 Writes OUT/e2e.md (table, MXFP8/BF16 ratios measured in this run), OUT/e2e.json, OUT/e2e.png if matplotlib is there.
 With --profile-steps N: also where a decode step spends its GPU time at each --profile-batch (default 1),
-per server (SGLang's /start_profile over N decode steps of running requests; kernels summed by name), in OUT/e2e.md.
+per server (SGLang's /start_profile over N decode steps of running requests; kernels summed by name; the GPU's
+busy time and the step period on its clock, which kernel sums cannot give when kernels overlap), in OUT/e2e.md.
 """
 
 import argparse
@@ -120,8 +121,9 @@ def stream_until(port: int, ids, new_tokens: int, at: int, reached: threading.Ev
     return done
 
 
-def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_token: int = 256) -> list:
-    """[(kernel, calls per step, us per step)] over ``steps`` decode steps of ``batch`` running requests, then a total row.
+def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_token: int = 256) -> dict:
+    """Over ``steps`` decode steps of ``batch`` running requests: "kernels", [(kernel, calls per step, us per
+    step)] then a total row (``kernel_times``), and "timeline" (``step_timeline``).
 
     Profiling starts when the requests have generated ``at_token`` tokens, so every server is profiled at
     the same KV length (attention time grows with it; a wall-clock wait would favour the slower server).
@@ -148,7 +150,7 @@ def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_to
     else:
         raise RuntimeError(f"no trace in {trace_dir}")
     time.sleep(2)
-    return kernel_times(traces[-1], steps)
+    return {"kernels": kernel_times(traces[-1], steps), "timeline": step_timeline(traces[-1])}
 
 
 def kernel_times(trace: Path, steps: int) -> list:
@@ -167,13 +169,37 @@ def kernel_times(trace: Path, steps: int) -> list:
     return rows + [("all kernels", sum(r[1] for r in rows), sum(r[2] for r in rows))]
 
 
+def step_timeline(trace: Path) -> dict | None:
+    """Per decode step, on the GPU's clock: "busy_us", the time some kernel runs (overlapping kernels, such as
+    programmatic dependent launches, count once; the kernel sum counts them twice), and "period_us", from one
+    step's greedy argmax to the next (busy time plus the time the GPU waits for the host); over "steps" whole
+    steps. None when the trace holds fewer than two steps."""
+    kernels = sorted((e["ts"], e["ts"] + e.get("dur", 0.0), e["name"])
+                     for e in json.load(gzip.open(trace))["traceEvents"] if e.get("cat") == "kernel")
+    ends = [end for _, end, name in kernels if "ArgMaxOps" in name]
+    if len(ends) < 2:
+        return None
+    busy, reach = 0.0, ends[0]
+    for start, end, _ in kernels:  # the union of kernel intervals inside (first argmax end, last argmax end]
+        start, end = max(start, reach), min(end, ends[-1])
+        if end > start:
+            busy, reach = busy + end - start, end
+    steps = len(ends) - 1
+    return {"steps": steps, "busy_us": busy / steps, "period_us": (ends[-1] - ends[0]) / steps}
+
+
 def profile_tables(profiles: dict, top: int = 12) -> list:
     lines = []
-    for name, rows in profiles.items():
+    for name, profile in profiles.items():
+        rows, timeline = profile["kernels"], profile["timeline"]
         lines += ["", f"GPU time of one decode step, {name} (top {top} kernels by time):", "",
                   "| kernel | calls/step | us/step |", "|---|---|---|"]
         for kernel, calls, us in rows[:top] + rows[-1:]:
             lines.append(f"| {kernel[:90]} | {calls:.1f} | {us:.1f} |")
+        if timeline:
+            lines += ["", f"Over {timeline['steps']} whole steps: the GPU is busy {timeline['busy_us']:.1f} us per step "
+                      f"(overlapping kernels counted once), a step takes {timeline['period_us']:.1f} us on the GPU's "
+                      f"clock (argmax to argmax; the rest the GPU waits for the host)."]
     return lines
 
 
