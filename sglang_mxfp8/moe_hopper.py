@@ -22,8 +22,8 @@ CUTLASS_PREFILL_MIN_TOKENS = 2048
 
 
 # H200, one token, Qwen3-30B-A3B MoE layer (128 experts, top-8), CUDA-graph GPU time over 16 routings
-# (benchmarks/RESULTS.md, "Wider GEMV tiles"): the GEMV MoE 18.1 us vs SGLang's Triton fused MoE 30.8 (MXFP8)
-# and 35.5 (BF16); served, 4 layers: 69.9 vs 112.1 us of MoE kernels per decode step.
+# (benchmarks/RESULTS.md, "GEMV MoE with SiLU-and-mul in its up launch"): the GEMV MoE 16.8 us vs SGLang's Triton
+# fused MoE 31.5 (MXFP8) and 36.5 (BF16); served, 4 layers: 65.1 vs 112.4 us of MoE kernels per decode step.
 GEMV_MOE_SHAPES = frozenset({(2048, 768)})  # (hidden, intermediate per rank)
 MOE_GEMV_ENV = "SGLANG_MXFP8_MOE_GEMV"
 
