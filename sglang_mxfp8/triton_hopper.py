@@ -12,7 +12,7 @@
   128x128 expert block scales), for decode batches where the MoE is launch-bound.
 - ``w8a16_gemv``, ``moe_gemv``: one token (batch-1 decode), weight-only on CUDA cores: each program
   streams BLOCK_N weight rows, aiming at the FP8 weight bytes over the memory bandwidth; the MoE
-  takes two launches (SiLU-and-mul, routing weights and the sum over experts fused into the second).
+  takes two launches (SiLU-and-mul fused into the first, routing weights and the sum over experts into the second).
 """
 
 from __future__ import annotations
