@@ -67,9 +67,9 @@ def experts(inter: int, gen):
     return w13_16, w2_16, q13, q2, c13, c2, mx_bytes
 
 
-def graph_per_call_us(run, routings) -> float:
+def graph_per_call_us(run, routings, reps: int = 20) -> float:
     """GPU time of ``run(topk_weights, topk_ids)`` per call, in one CUDA graph with one call per routing."""
-    return graph_us([lambda r=r: run(*r) for r in routings])
+    return graph_us([lambda r=r: run(*r) for r in routings], reps=reps)
 
 
 def candidate(run, routings, ref, bf16_us) -> str:
