@@ -22,7 +22,7 @@ def test_kernel_times_per_step_sorted_with_total(tmp_path):
     trace = tmp_path / "t.trace.json.gz"
     with gzip.open(trace, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    rows = bench.kernel_times(trace, steps=4)
+    rows = bench.kernel_times(bench.trace_kernels(trace), steps=4)
     assert [r[0] for r in rows] == ["moe_gemm", "act_quant", "argmax", "all kernels"]
     assert rows[0][1:] == (2.0, 60.0)
     assert rows[1][1:] == (4.0, 10.0)
@@ -46,7 +46,7 @@ def test_kernel_times_counts_the_steps_the_window_holds(tmp_path):
     trace = tmp_path / "t.trace.json.gz"
     with gzip.open(trace, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    rows = bench.kernel_times(trace, steps=4)
+    rows = bench.kernel_times(bench.trace_kernels(trace), steps=4)
     assert rows[0] == ("moe_gemm", 2.0, 60.0)
     assert rows[1] == (argmax, 1.0, 4.0)
 
@@ -64,9 +64,9 @@ def test_step_timeline_counts_overlapping_kernels_once_and_the_idle_gap_in_the_p
     trace = tmp_path / "t.trace.json.gz"
     with gzip.open(trace, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    timeline = bench.step_timeline(trace)
+    timeline = bench.step_timeline(bench.trace_kernels(trace))
     assert timeline == {"steps": 3, "busy_us": pytest.approx(29.0), "period_us": pytest.approx(100.0)}
-    rows = bench.kernel_times(trace, steps=3)
+    rows = bench.kernel_times(bench.trace_kernels(trace), steps=3)
     assert rows[-1][2] == pytest.approx(34.0)  # the kernel sum per step (4 argmaxes: 4 steps)
     table = bench.profile_tables({"MXFP8": {"kernels": rows, "timeline": timeline}})
     assert "busy 29.0 us per step" in table[-1] and "takes 100.0 us" in table[-1]
@@ -76,4 +76,4 @@ def test_step_timeline_needs_two_steps(tmp_path):
     trace = tmp_path / "t.trace.json.gz"
     with gzip.open(trace, "wt") as f:
         json.dump({"traceEvents": [{"cat": "kernel", "name": "x ArgMaxOps", "ts": 0.0, "dur": 1.0}]}, f)
-    assert bench.step_timeline(trace) is None
+    assert bench.step_timeline(bench.trace_kernels(trace)) is None

@@ -150,37 +150,41 @@ def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_to
     else:
         raise RuntimeError(f"no trace in {trace_dir}")
     time.sleep(2)
-    return {"kernels": kernel_times(traces[-1], steps), "timeline": step_timeline(traces[-1])}
+    kernels = trace_kernels(traces[-1])
+    return {"kernels": kernel_times(kernels, steps), "timeline": step_timeline(kernels)}
 
 
-def kernel_times(trace: Path, steps: int) -> list:
-    """From a torch profiler trace (.json.gz): [(kernel, calls per step, us per step)] by time, then a total.
+def trace_kernels(trace: Path) -> list:
+    """The GPU kernel events of a torch profiler trace (.json.gz)."""
+    return [e for e in json.load(gzip.open(trace))["traceEvents"] if e.get("cat") == "kernel"]
+
+
+def kernel_times(kernels: list, steps: int) -> list:
+    """From a trace's kernel events: [(kernel, calls per step, us per step)] by time, then a total.
 
     Steps are counted in the trace by the greedy sampler's argmax (one launch per step; the window can
     hold one step fewer than asked for), else taken as ``steps``.
     """
-    kernels = {}
-    for e in json.load(gzip.open(trace))["traceEvents"]:
-        if e.get("cat") == "kernel":
-            calls, us = kernels.get(e["name"], (0, 0.0))
-            kernels[e["name"]] = (calls + 1, us + e.get("dur", 0.0))
-    steps = sum(c for name, (c, _) in kernels.items() if "ArgMaxOps" in name) or steps
-    rows = sorted(((name, c / steps, us / steps) for name, (c, us) in kernels.items()), key=lambda r: -r[2])
+    by_name = {}
+    for e in kernels:
+        calls, us = by_name.get(e["name"], (0, 0.0))
+        by_name[e["name"]] = (calls + 1, us + e.get("dur", 0.0))
+    steps = sum(c for name, (c, _) in by_name.items() if "ArgMaxOps" in name) or steps
+    rows = sorted(((name, c / steps, us / steps) for name, (c, us) in by_name.items()), key=lambda r: -r[2])
     return rows + [("all kernels", sum(r[1] for r in rows), sum(r[2] for r in rows))]
 
 
-def step_timeline(trace: Path) -> dict | None:
+def step_timeline(kernels: list) -> dict | None:
     """Per decode step, on the GPU's clock: "busy_us", the time some kernel runs (overlapping kernels, such as
     programmatic dependent launches, count once; the kernel sum counts them twice), and "period_us", from one
     step's greedy argmax to the next (busy time plus the time the GPU waits for the host); over "steps" whole
-    steps. None when the trace holds fewer than two steps."""
-    kernels = sorted((e["ts"], e["ts"] + e.get("dur", 0.0), e["name"])
-                     for e in json.load(gzip.open(trace))["traceEvents"] if e.get("cat") == "kernel")
-    ends = [end for _, end, name in kernels if "ArgMaxOps" in name]
+    steps. None when the trace's kernel events hold fewer than two steps."""
+    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0.0), e["name"]) for e in kernels)
+    ends = [end for _, end, name in spans if "ArgMaxOps" in name]
     if len(ends) < 2:
         return None
     busy, reach = 0.0, ends[0]
-    for start, end, _ in kernels:  # the union of kernel intervals inside (first argmax end, last argmax end]
+    for start, end, _ in spans:  # the union of kernel intervals inside (first argmax end, last argmax end]
         start, end = max(start, reach), min(end, ends[-1])
         if end > start:
             busy, reach = busy + end - start, end
