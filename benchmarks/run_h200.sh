@@ -10,6 +10,7 @@
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 #   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 kernels for small M: GPU tests, dense and MoE tile sweeps
 #   bash benchmarks/run_h200.sh tables    # dense (CUDA-graph timer) and MoE tables with every candidate kernel
+#   bash benchmarks/run_h200.sh cublas    # cuBLAS's block-scaled FP8 GEMM: GPU tests, dense table (graph timer) beside FlashInfer
 #   bash benchmarks/run_h200.sh gemv      # one-token GEMVs (dense, MoE): GPU tests and tile sweeps vs BF16 and our MXFP8 paths
 #   bash benchmarks/run_h200.sh prefill   # MoE GPU tests (weight-only, CUTLASS prefill path) + the MoE candidates table
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
@@ -155,6 +156,10 @@ w8a16)
 tables)
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_graph.md" --flashinfer --timer graph 2>&1 | tail -25
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md" 2>&1 | grep "^|"
+  ;;
+cublas)
+  python3 -m pytest -q tests/gpu -k "cublas or backend_matches" 2>&1 | tee "$OUT/pytest_cublas.txt" | tail -4
+  python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_cublas.md" --flashinfer --timer graph --ms ${DENSE_MS:-16 64 128 256 512 1024 4096 8192} 2>&1 | grep "^|\|:"
   ;;
 gemv)
   python3 -m pytest -q tests/gpu -k gemv 2>&1 | tee "$OUT/pytest_gemv.txt" | tail -30

@@ -30,6 +30,8 @@ WEIGHT_ONLY_MAX_N = 5120
 # Llama-3-8B's down projection
 HOPPER_GEMV_SHAPES = frozenset({(5120, 2048), (2048, 4096), (4096, 14336)})
 GEMV_ENV = "SGLANG_MXFP8_GEMV"
+CUBLAS_PREFILL_ENV = "SGLANG_MXFP8_CUBLAS_PREFILL"
+CUBLAS_MIN_TOKENS = 512  # batches from here up take cuBLAS's block-scaled GEMM on the FlashInfer backend
 
 
 def weight_only_max_m(n: int) -> int:
@@ -128,9 +130,25 @@ class HopperFlashInferDense(DenseBackend):
     # (its quantizer + GEMM) 7.9 / 9.7 / 24.9; not Llama-3-8B's up projection (20.7 against 20.3)
     gemv_shapes = HOPPER_GEMV_SHAPES
 
+    def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
+        super().create_buffers(layer, n, k)
+        from .cublas_sm90 import shape_supported
+
+        on = env_switch(CUBLAS_PREFILL_ENV, default=False)
+        self.cublas_min_m = CUBLAS_MIN_TOKENS if on and shape_supported(n, k) else 0
+
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         stats = super().process_weights_after_loading(layer, scale)
         from . import flashinfer_sm90
+
+        if self.cublas_min_m and layer.weight.is_cuda:
+            from .cublas_sm90 import unavailable_reason
+
+            reason = unavailable_reason(layer.weight.device.index or 0)
+            if reason:
+                raise resolver.Mxfp8ConfigError(
+                    f"{self.layer_name}: {CUBLAS_PREFILL_ENV}=1 asks for cuBLAS's block-scaled FP8 GEMM, which "
+                    f"cannot run on {torch.cuda.get_device_name(layer.weight.device)} ({reason}); unset it")
 
         max_m = serving_max_tokens() if flashinfer_sm90.precompile_enabled() else None
         if max_m:
@@ -143,7 +161,11 @@ class HopperFlashInferDense(DenseBackend):
 
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         out = self.one_token(layer, x2, bias)
-        if out is None:
+        if out is None and self.cublas_min_m and x2.shape[0] >= self.cublas_min_m:
+            from .cublas_sm90 import blockscale_gemm
+
+            out = blockscale_gemm(x2, layer.weight, layer.mxfp8_converter.block_scale[0], bias, x.dtype)
+        elif out is None:
             out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
             if bias is not None:
                 out = out + bias

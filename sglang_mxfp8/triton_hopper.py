@@ -26,18 +26,21 @@ FP8_MAX = 448.0
 
 
 @triton.jit
-def _quant_act_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_xm, stride_qm, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _quant_act_kernel(x_ptr, q_ptr, s_ptr, M, M_OUT, K, stride_xm, stride_qm, stride_sm, stride_sk,
+                      ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows M..M_OUT (padding for a consumer that wants whole row groups) get zeros and the floor scale."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.program_id(1)
     cols = g * BLOCK + tl.arange(0, BLOCK)
-    row_ok = rows < M
-    mask = row_ok[:, None] & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    col_ok = cols[None, :] < K
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=(rows < M)[:, None] & col_ok,
+                other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.maximum(amax / 448.0, 1e-12)
     q = tl.clamp(x / scale[:, None], -448.0, 448.0)
-    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q.to(tl.float8e4nv), mask=mask)
-    tl.store(s_ptr + rows * KB + g, scale, mask=row_ok)
+    out_ok = rows < M_OUT
+    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q.to(tl.float8e4nv), mask=out_ok[:, None] & col_ok)
+    tl.store(s_ptr + rows * stride_sm + g * stride_sk, scale, mask=out_ok)
 
 
 def act_quant_rows(m: int) -> int:
@@ -46,16 +49,21 @@ def act_quant_rows(m: int) -> int:
     return min(16, triton.next_power_of_2(max(m, 1)))
 
 
-def quantize_act_1x128(x: torch.Tensor, rows: int | None = None):
-    """x [M, K] bf16/fp16 -> (e4m3 [M, K], float32 scales [M, ceil(K/128)]); ``rows``: tile height."""
+def quantize_act_1x128(x: torch.Tensor, rows: int | None = None, m_major: bool = False):
+    """x [M, K] bf16/fp16 -> (e4m3 [M, K], float32 scales [M, ceil(K/128)]); ``rows``: tile height.
+
+    ``m_major``: the layout cuBLAS's block-scaled GEMM reads: M rounded up to a multiple of 4 (the extra
+    rows zero), scales stored token-fastest (stride (1, M))."""
     m, k = x.shape
     kb = triton.cdiv(k, GROUP_K)
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((m, kb), dtype=torch.float32, device=x.device)
-    if m:
-        rows = rows or act_quant_rows(m)
-        _quant_act_kernel[(triton.cdiv(m, rows), kb)](
-            x, q, s, m, k, kb, x.stride(0), q.stride(0), ROWS=rows, BLOCK=GROUP_K,
+    m_out = -(-m // 4) * 4 if m_major else m
+    q = torch.empty((m_out, k), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((kb, m_out), dtype=torch.float32, device=x.device).t() if m_major else \
+        torch.empty((m, kb), dtype=torch.float32, device=x.device)
+    if m_out:
+        rows = rows or act_quant_rows(m_out)
+        _quant_act_kernel[(triton.cdiv(m_out, rows), kb)](
+            x, q, s, m, m_out, k, x.stride(0), q.stride(0), s.stride(0), s.stride(1), ROWS=rows, BLOCK=GROUP_K,
             num_warps=max(1, min(8, rows * GROUP_K // 512)),
         )
     return q, s

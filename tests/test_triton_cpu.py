@@ -21,6 +21,11 @@ for m, n, k in [(1, 64, 128), (7, 200, 352), (33, 130, 256), (16, 96, 96), (70, 
     for rows in (None, 1, 4, 16):  # tile heights: M tails masked in rows, K tails in columns
         _, s = th.quantize_act_1x128(x, rows)
         assert torch.equal(s, s_ref), (m, k, rows)  # amax / 448 per (row, 128 columns)
+        # cuBLAS's layout: rows padded to a multiple of 4 with zeros, scales token-fastest
+        qm, sm = th.quantize_act_1x128(x, rows, m_major=True)
+        pad = -m % 4
+        assert qm.shape == (m + pad, k) and sm.shape == (m + pad, s_ref.shape[1]) and sm.stride() == (1, m + pad)
+        assert torch.equal(sm[:m], s_ref) and not qm[m:].float().any() and bool((sm[m:] == 1e-12).all()), (m, rows)
     w, ws = quantize_mxfp8(torch.randn(n, k) * 0.02)
     bs, _ = convert_to_block_scales(w, ws, 1)
     bias = torch.randn(n).to(torch.bfloat16)

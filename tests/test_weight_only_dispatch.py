@@ -61,3 +61,14 @@ def test_one_token_gemv_runs_on_the_shapes_measured_faster(cls, monkeypatch):
     monkeypatch.setenv(dense.GEMV_ENV, "0")
     layer, be = _hopper_layer(5120, 2048, cls=cls)
     assert not be.gemv and be.one_token(layer, torch.randn(1, 2048, dtype=torch.bfloat16), None) is None
+
+
+@pytest.mark.parametrize("n,k,expected", [(5120, 2048, dense.CUBLAS_MIN_TOKENS), (2048, 4096, dense.CUBLAS_MIN_TOKENS),
+                                          (5120, 2080, 0), (1000, 2048, 0)])
+def test_cublas_prefill_switch(n, k, expected, monkeypatch):
+    """SGLANG_MXFP8_CUBLAS_PREFILL=1: the FlashInfer backend's batches of CUBLAS_MIN_TOKENS or more take cuBLAS's
+    block-scaled GEMM where its scale layout fits (K a multiple of 512, N of 16); off by default."""
+    monkeypatch.delenv(dense.CUBLAS_PREFILL_ENV, raising=False)
+    assert _hopper_layer(n, k, cls=HopperFlashInferDense)[1].cublas_min_m == 0
+    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "1")
+    assert _hopper_layer(n, k, cls=HopperFlashInferDense)[1].cublas_min_m == expected

@@ -1,6 +1,7 @@
 """Dense MXFP8 layer time per backend vs BF16 cuBLAS, measured in the same run (whole op: activation
-quantization + GEMM; and our weight-only FP8 GEMM at small M and one-token GEMV, which quantize nothing). Prints a
-markdown table and writes it to --out.
+quantization + GEMM, with --flashinfer also FlashInfer's and cuBLAS's block-scaled FP8 GEMMs; and our
+weight-only FP8 GEMM at small M and one-token GEMV, which quantize nothing). Prints a markdown table and
+writes it to --out.
 
     python benchmarks/kernels/bench_dense.py --out OUT/dense.md [--flashinfer] [--timer graph] [--tp 2]
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
+from sglang_mxfp8.cublas_sm90 import blockscale_gemm, shape_supported
 from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.resolver import Choice
@@ -36,7 +38,8 @@ SHAPES = {  # name: (K, N, the dimension tensor parallelism splits: N for column
 }
 MS = [1, 16, 64, 128, 1024, 8192]
 WEIGHT_ONLY = "triton_w8a16 (weight-only, M <= 128)"  # BF16 activations, no quantization launch
-GEMV = "triton_gemv (weight-only, M = 1)"  # one token, CUDA cores, no quantization launch
+GEMV = "triton_gemv (weight-only, M = 1)"
+CUBLAS = "cublas_blockscale (our quantizer + cuBLAS)"  # torch's scaled_mm, 1x128 x 128x128 scales  # one token, CUDA cores, no quantization launch
 WORKING_SET = 256 << 20  # bytes of weights per timed graph: several times the H200's 50 MB L2
 
 
@@ -73,13 +76,17 @@ def variants(n, k, flashinfer: bool, copies: int):
     if flashinfer:
         fi = [make(HopperFlashInferDense, n, k) for _ in range(copies)]
         out[HopperFlashInferDense.kernel] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in fi]
+        if shape_supported(n, k):  # the same operands (128x128 weight scales) on cuBLAS, our quantizer in front
+            out[CUBLAS] = [lambda x, lb=lb: blockscale_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0])
+                           for lb in fi]
     return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--flashinfer", action="store_true", help="also time fp8_blockscale_gemm_sm90 (JIT ~2 min first time)")
+    ap.add_argument("--flashinfer", action="store_true", help="also time fp8_blockscale_gemm_sm90 (JIT ~2 min first time) and "
+                    "cuBLAS's block-scaled GEMM on the same operands")
     ap.add_argument("--timer", choices=["eager", "graph"], default="eager")
     ap.add_argument("--tp", type=int, default=1, help="time one tensor-parallel rank's shard")
     ap.add_argument("--ms", type=int, nargs="+", default=MS, help="batch sizes (rows of the activation)")

@@ -72,6 +72,45 @@ def test_backend_matches_reference(m, backend_cls, n, k):
     assert torch.isfinite(out).all() and rel < 1e-2, rel
 
 
+@pytest.mark.parametrize("m", [1, 7, 128, 1000])
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)])
+def test_cublas_blockscale_matches_reference(m, n, k):
+    """cuBLAS's block-scaled GEMM (torch scaled_mm) on the FlashInfer backend's 128x128 scales, our quantizer in
+    front (M padded to a multiple of 4): the float32 product of the same operands; a NaN token stays in its row."""
+    from sglang_mxfp8.cublas_sm90 import blockscale_gemm, unavailable_reason
+
+    assert unavailable_reason(torch.cuda.current_device()) is None
+    layer, be = _layer(HopperFlashInferDense, n, k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    if m > 1:
+        x[-1, 3] = float("nan")
+    out = blockscale_gemm(x, layer.weight, layer.mxfp8_converter.block_scale[0], bias).float()
+    finite = 1 if m == 1 else m - 1
+    ref = _reference(layer, be, x[:finite]) + bias.float()
+    rel = ((out[:finite] - ref).norm() / ref.norm()).item()
+    assert out.shape == (m, n) and torch.isfinite(out[:finite]).all() and rel < 1e-2, rel
+
+
+def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
+    """SGLANG_MXFP8_CUBLAS_PREFILL=1: batches of CUBLAS_MIN_TOKENS or more run cuBLAS's GEMM, smaller ones
+    FlashInfer's (each output bit-equal to its kernel called directly; the two differ)."""
+    pytest.importorskip("flashinfer")
+    from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+    from sglang_mxfp8 import dense
+    from sglang_mxfp8.cublas_sm90 import blockscale_gemm
+
+    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "1")
+    layer, be = _layer(HopperFlashInferDense, 2048, 4096)
+    scale = layer.mxfp8_converter.block_scale[0]
+    x = torch.randn(dense.CUBLAS_MIN_TOKENS, 4096, device="cuda", dtype=torch.bfloat16)
+    cublas, small = be.apply(layer, x), be.apply(layer, x[1:])
+    assert torch.equal(cublas, blockscale_gemm(x, layer.weight, scale))
+    assert torch.equal(small, fp8_blockscale_gemm_sm90(x[1:], layer.weight, None, scale, out_dtype=x.dtype))
+    assert not torch.equal(cublas[1:], small)
+
+
 def test_triton_bias_and_cuda_graph_replay_equal_eager():
     layer, be = _layer(HopperTritonDense, 1000, 2080)
     bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)

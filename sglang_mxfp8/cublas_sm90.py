@@ -1,0 +1,47 @@
+"""cuBLAS's block-scaled FP8 GEMM on Hopper, reached through torch's ``scaled_mm`` (cuBLASLt 12.9 or newer).
+
+It takes the operands FlashInfer's ``fp8_blockscale_gemm_sm90`` takes: an e4m3 activation with one float32
+scale per (token, 128 columns) and an e4m3 weight with one float32 scale per 128x128 block. The activation is
+quantized by our one-pass Triton kernel, which writes the token-fastest scale layout cuBLAS reads.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .triton_hopper import quantize_act_1x128
+
+
+def shape_supported(n: int, k: int) -> bool:
+    """Whole 128-column groups, and 128x128 weight scales whose rows need no padding (K / 128 a multiple of 4)."""
+    return k % 512 == 0 and n % 16 == 0
+
+
+@functools.lru_cache(maxsize=None)
+def unavailable_reason(device_index: int) -> str | None:
+    """None where torch's scaled_mm runs the 1x128 x 128x128 recipe on this GPU, else why not (one line)."""
+    import torch.nn.functional as F
+
+    if not hasattr(F, "ScalingType"):
+        return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
+    try:
+        w = torch.zeros(128, 512, dtype=torch.float8_e4m3fn, device=f"cuda:{device_index}")
+        blockscale_gemm(torch.ones(4, 512, dtype=torch.bfloat16, device=w.device), w, torch.ones(1, 4, device=w.device))
+    except (RuntimeError, NotImplementedError) as e:  # off SM90, or a cuBLASLt before 12.9
+        return f"torch {torch.__version__}: {str(e).splitlines()[0]}"
+    return None
+
+
+def blockscale_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M, K] bf16 -> [M, N]: x quantized per (token, 128 columns), times w [N, K] e4m3 with w_scale
+    [ceil(N / 128), K / 128] float32 (row-major, one per 128x128 block), float32 accumulation in cuBLAS."""
+    import torch.nn.functional as F
+
+    m = x.shape[0]
+    q, s = quantize_act_1x128(x, m_major=True)
+    out = F.scaled_mm(q, w.t(), s, F.ScalingType.BlockWise1x128, w_scale.t(), F.ScalingType.BlockWise128x128,
+                      output_dtype=out_dtype or x.dtype)[:m]
+    return out if bias is None else out + bias
