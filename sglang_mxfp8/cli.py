@@ -84,7 +84,7 @@ def gemv_line(kernel: str) -> str:
 
 
 def doctor(args) -> int:
-    from .dense import weight_only_max_m
+    from .dense import cublas_prefill_min_tokens, weight_only_max_m
     from .flashinfer_sm90 import precompile_enabled
     from .gpu import flashinfer_available
     from .moe_hopper import cutlass_prefill_min_tokens, gemv_moe_runs
@@ -120,8 +120,11 @@ def doctor(args) -> int:
             extra, small_m = "", weight_only_max_m(n)
             if choice.kernel == resolver.HOPPER_TRITON and small_m:
                 extra = f"; weight-only FP8 GEMM for batches of up to {small_m} tokens"
-            elif choice.kernel == resolver.HOPPER_FLASHINFER and precompile_enabled():
-                extra = "; its kernels compiled while the model loads"
+            elif choice.kernel == resolver.HOPPER_FLASHINFER:
+                extra = "; its kernels compiled while the model loads" if precompile_enabled() else ""
+                if cublas_prefill_min_tokens(n, k):
+                    extra += (f"; batches of {cublas_prefill_min_tokens(n, k)}+ tokens on cuBLAS's block-scaled GEMM "
+                              "(SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)")
             dense_kernels.add(choice.kernel)
             print(f"  dense {kind} [{n} x {k}] x{count}: {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:

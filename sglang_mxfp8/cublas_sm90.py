@@ -15,8 +15,8 @@ from .triton_hopper import quantize_act_1x128
 
 
 def shape_supported(n: int, k: int) -> bool:
-    """Whole 128-column groups, and 128x128 weight scales whose rows need no padding (K / 128 a multiple of 4)."""
-    return k % 512 == 0 and n % 16 == 0
+    """Whole 128x128 weight blocks whose scale rows need no padding (K / 128 a multiple of 4): the shapes run here."""
+    return k % 512 == 0 and n % 128 == 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,8 +28,9 @@ def unavailable_reason(device_index: int) -> str | None:
         return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
     try:
         w = torch.zeros(128, 512, dtype=torch.float8_e4m3fn, device=f"cuda:{device_index}")
-        blockscale_gemm(torch.ones(4, 512, dtype=torch.bfloat16, device=w.device), w, torch.ones(1, 4, device=w.device))
-    except (RuntimeError, NotImplementedError) as e:  # off SM90, or a cuBLASLt before 12.9
+        one = torch.ones(1, 4, dtype=torch.float32, device=w.device)  # SGLang sets a bf16 default dtype
+        blockscale_gemm(torch.ones(4, 512, dtype=torch.bfloat16, device=w.device), w, one)
+    except (RuntimeError, NotImplementedError, ValueError) as e:  # off SM90, or a cuBLASLt before 12.9
         return f"torch {torch.__version__}: {str(e).splitlines()[0]}"
     return None
 

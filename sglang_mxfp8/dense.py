@@ -7,6 +7,7 @@ tensors allocated once), ``process_weights_after_loading(layer)`` (idempotent, i
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Optional, Type
 
@@ -31,13 +32,30 @@ WEIGHT_ONLY_MAX_N = 5120
 HOPPER_GEMV_SHAPES = frozenset({(5120, 2048), (2048, 4096), (4096, 14336)})
 GEMV_ENV = "SGLANG_MXFP8_GEMV"
 CUBLAS_PREFILL_ENV = "SGLANG_MXFP8_CUBLAS_PREFILL"
-CUBLAS_MIN_TOKENS = 512  # batches from here up take cuBLAS's block-scaled GEMM on the FlashInfer backend
+# H200, CUDA-graph GPU time, same run (benchmarks/RESULTS.md, "cuBLAS's block-scaled GEMM"): cuBLAS beat
+# FlashInfer's GEMM (both with their quantizers) at 1024 and 4096 tokens on all four measured shapes, lost at
+# 16-512 on Qwen3-30B-A3B's and at 8192 on Llama-3-8B's
+CUBLAS_MIN_TOKENS = 1024
 
 
 def weight_only_max_m(n: int) -> int:
     """Largest BF16 batch the Triton backend serves with the weight-only FP8 GEMM on a layer of N outputs
     (0: never; SGLANG_MXFP8_WEIGHT_ONLY=0 turns it off)."""
     return WEIGHT_ONLY_MAX_M if env_switch(WEIGHT_ONLY_ENV, default=True) and n <= WEIGHT_ONLY_MAX_N else 0
+
+
+def cublas_prefill_min_tokens(n: int, k: int) -> int:
+    """Smallest batch the FlashInfer backend hands to cuBLAS's block-scaled GEMM on a [n, k] layer (0: never;
+    SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off). The same operands and scales: only the kernel changes."""
+    from .cublas_sm90 import shape_supported
+
+    return CUBLAS_MIN_TOKENS if env_switch(CUBLAS_PREFILL_ENV, default=True) and shape_supported(n, k) else 0
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_cublas_unavailable(reason: str) -> None:
+    logger.warning("sglang_mxfp8: cuBLAS's block-scaled FP8 GEMM cannot run here (%s): batches of %d+ tokens stay on "
+                   "FlashInfer's GEMM (%s=0 silences this)", reason, CUBLAS_MIN_TOKENS, CUBLAS_PREFILL_ENV)
 
 
 def dense_gemv_enabled() -> bool:
@@ -132,10 +150,7 @@ class HopperFlashInferDense(DenseBackend):
 
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         super().create_buffers(layer, n, k)
-        from .cublas_sm90 import shape_supported
-
-        on = env_switch(CUBLAS_PREFILL_ENV, default=False)
-        self.cublas_min_m = CUBLAS_MIN_TOKENS if on and shape_supported(n, k) else 0
+        self.cublas_min_m = cublas_prefill_min_tokens(n, k)
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         stats = super().process_weights_after_loading(layer, scale)
@@ -145,10 +160,13 @@ class HopperFlashInferDense(DenseBackend):
             from .cublas_sm90 import unavailable_reason
 
             reason = unavailable_reason(layer.weight.device.index or 0)
-            if reason:
+            if reason and env_switch(CUBLAS_PREFILL_ENV, default=False):  # asked for by name
                 raise resolver.Mxfp8ConfigError(
                     f"{self.layer_name}: {CUBLAS_PREFILL_ENV}=1 asks for cuBLAS's block-scaled FP8 GEMM, which "
                     f"cannot run on {torch.cuda.get_device_name(layer.weight.device)} ({reason}); unset it")
+            if reason:
+                _warn_cublas_unavailable(reason)
+                self.cublas_min_m = 0
 
         max_m = serving_max_tokens() if flashinfer_sm90.precompile_enabled() else None
         if max_m:

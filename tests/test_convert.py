@@ -127,6 +127,27 @@ def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
     assert "cannot run MXFP8 on NVIDIA H200 (SM90)" in capsys.readouterr().out
 
 
+def test_doctor_names_cublas_for_prefill_batches(tmp_path, capsys, monkeypatch):
+    """Layers with K % 512 == 0 on the FlashInfer backend: batches of 1024+ tokens on cuBLAS, unless switched off."""
+    transformers = pytest.importorskip("transformers")
+    from sglang_mxfp8 import dense
+
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    convert(tmp_path / "bf16", tmp_path / "mx", progress=False)
+    args = ["doctor", "--gpu", "h200", "--model", str(tmp_path / "mx"), "--fp8-gemm-backend", "flashinfer_trtllm"]
+    monkeypatch.delenv(dense.CUBLAS_PREFILL_ENV, raising=False)
+    assert cli(args) == 0
+    out = capsys.readouterr().out
+    cublas = "; batches of 1024+ tokens on cuBLAS's block-scaled GEMM (SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)"
+    up = next(line for line in out.splitlines() if "up_proj [1024 x 512] x1" in line)
+    assert "hopper_flashinfer_blockscale" in up and up.endswith(cublas)
+    assert out.count(cublas) == 7  # q, k, v, o, gate, up, down: every K and N here a multiple of 512
+    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "0")
+    assert cli(args) == 0 and cublas not in capsys.readouterr().out
+
+
 def test_demo_cpu_path(tmp_path, capsys):
     assert cli(["demo", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out

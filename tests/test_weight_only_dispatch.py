@@ -63,12 +63,11 @@ def test_one_token_gemv_runs_on_the_shapes_measured_faster(cls, monkeypatch):
     assert not be.gemv and be.one_token(layer, torch.randn(1, 2048, dtype=torch.bfloat16), None) is None
 
 
-@pytest.mark.parametrize("n,k,expected", [(5120, 2048, dense.CUBLAS_MIN_TOKENS), (2048, 4096, dense.CUBLAS_MIN_TOKENS),
-                                          (5120, 2080, 0), (1000, 2048, 0)])
-def test_cublas_prefill_switch(n, k, expected, monkeypatch):
-    """SGLANG_MXFP8_CUBLAS_PREFILL=1: the FlashInfer backend's batches of CUBLAS_MIN_TOKENS or more take cuBLAS's
-    block-scaled GEMM where its scale layout fits (K a multiple of 512, N of 16); off by default."""
+@pytest.mark.parametrize("n,k,expected", [(5120, 2048, 1024), (2048, 4096, 1024), (5120, 2080, 0), (1008, 2048, 0)])
+def test_cublas_takes_prefill_batches_by_default(n, k, expected, monkeypatch):
+    """The FlashInfer backend's batches of 1024+ tokens take cuBLAS's block-scaled GEMM where its scale layout fits
+    (K a multiple of 512, N of 128); SGLANG_MXFP8_CUBLAS_PREFILL=0 keeps them on FlashInfer's."""
     monkeypatch.delenv(dense.CUBLAS_PREFILL_ENV, raising=False)
+    assert _hopper_layer(n, k, cls=HopperFlashInferDense)[1].cublas_min_m == expected == dense.CUBLAS_MIN_TOKENS * bool(expected)
+    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "0")
     assert _hopper_layer(n, k, cls=HopperFlashInferDense)[1].cublas_min_m == 0
-    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "1")
-    assert _hopper_layer(n, k, cls=HopperFlashInferDense)[1].cublas_min_m == expected

@@ -61,6 +61,8 @@ def make(cls, n, k):
     be.gemv = False  # the backend's own kernel at M = 1 too; the one-token GEMV has its own column
     if cls is HopperTritonDense:
         be.weight_only_max_m = 0  # its W8A8 kernel at every M; the weight-only kernel has its own column
+    else:
+        be.cublas_min_m = 0  # FlashInfer's GEMM at every M; cuBLAS's block-scaled GEMM has its own column
     be.process_weights_after_loading(layer, s)
     return layer, be
 
