@@ -169,6 +169,8 @@ class HopperFlashInferDense(DenseBackend):
                 self.cublas_min_m = 0
 
         max_m = serving_max_tokens() if flashinfer_sm90.precompile_enabled() else None
+        if max_m and self.cublas_min_m:  # larger batches never reach FlashInfer's GEMM
+            max_m = min(max_m, self.cublas_min_m - 1)
         if max_m:
             flashinfer_sm90.precompile(layer.weight, layer.mxfp8_converter.block_scale[0],
                                       getattr(layer, "orig_dtype", torch.bfloat16), max_m)
