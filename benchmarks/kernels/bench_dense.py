@@ -38,8 +38,8 @@ SHAPES = {  # name: (K, N, the dimension tensor parallelism splits: N for column
 }
 MS = [1, 16, 64, 128, 1024, 8192]
 WEIGHT_ONLY = "triton_w8a16 (weight-only, M <= 128)"  # BF16 activations, no quantization launch
-GEMV = "triton_gemv (weight-only, M = 1)"
-CUBLAS = "cublas_blockscale (our quantizer + cuBLAS)"  # torch's scaled_mm, 1x128 x 128x128 scales  # one token, CUDA cores, no quantization launch
+GEMV = "triton_gemv (weight-only, M = 1)"  # one token, CUDA cores, no quantization launch
+CUBLAS = "cublas_blockscale (our quantizer + cuBLAS)"  # torch's scaled_mm, 1x128 x 128x128 scales
 WORKING_SET = 256 << 20  # bytes of weights per timed graph: several times the H200's 50 MB L2
 
 
