@@ -122,8 +122,9 @@ def doctor(args) -> int:
                 extra = f"; weight-only FP8 GEMM for batches of up to {small_m} tokens"
             elif choice.kernel == resolver.HOPPER_FLASHINFER:
                 extra = "; its kernels compiled while the model loads" if precompile_enabled() else ""
-                if cublas_prefill_min_tokens(n, k):
-                    extra += (f"; batches of {cublas_prefill_min_tokens(n, k)}+ tokens on cuBLAS's block-scaled GEMM "
+                cublas_m = cublas_prefill_min_tokens(n, k)
+                if cublas_m:
+                    extra += (f"; batches of {cublas_m}+ tokens on cuBLAS's block-scaled GEMM "
                               "(SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)")
             dense_kernels.add(choice.kernel)
             print(f"  dense {kind} [{n} x {k}] x{count}: {choice}{extra}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from .triton_hopper import quantize_act_1x128
 
@@ -22,8 +23,6 @@ def shape_supported(n: int, k: int) -> bool:
 @functools.lru_cache(maxsize=None)
 def unavailable_reason(device_index: int) -> str | None:
     """None where torch's scaled_mm runs the 1x128 x 128x128 recipe on this GPU, else why not (one line)."""
-    import torch.nn.functional as F
-
     if not hasattr(F, "ScalingType"):
         return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
     try:
@@ -39,8 +38,6 @@ def blockscale_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bia
                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] bf16 -> [M, N]: x quantized per (token, 128 columns), times w [N, K] e4m3 with w_scale
     [ceil(N / 128), K / 128] float32 (row-major, one per 128x128 block), float32 accumulation in cuBLAS."""
-    import torch.nn.functional as F
-
     m = x.shape[0]
     q, s = quantize_act_1x128(x, m_major=True)
     out = F.scaled_mm(q, w.t(), s, F.ScalingType.BlockWise1x128, w_scale.t(), F.ScalingType.BlockWise128x128,

@@ -56,7 +56,7 @@ def quantize_act_1x128(x: torch.Tensor, rows: int | None = None, m_major: bool =
     rows zero), scales stored token-fastest (stride (1, M))."""
     m, k = x.shape
     kb = triton.cdiv(k, GROUP_K)
-    m_out = -(-m // 4) * 4 if m_major else m
+    m_out = triton.cdiv(m, 4) * 4 if m_major else m
     q = torch.empty((m_out, k), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((kb, m_out), dtype=torch.float32, device=x.device).t() if m_major else \
         torch.empty((m, kb), dtype=torch.float32, device=x.device)
