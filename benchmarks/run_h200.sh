@@ -11,6 +11,7 @@
 #   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 kernels for small M: GPU tests, dense and MoE tile sweeps
 #   bash benchmarks/run_h200.sh tables    # dense (CUDA-graph timer) and MoE tables with every candidate kernel
 #   bash benchmarks/run_h200.sh cublas    # cuBLAS's block-scaled FP8 GEMM: GPU tests, dense table (graph timer) beside FlashInfer
+#   bash benchmarks/run_h200.sh rowwise   # per-row-scale probe: dense and MoE candidates vs block scales and BF16
 #   bash benchmarks/run_h200.sh gemv      # one-token GEMVs (dense, MoE): GPU tests and tile sweeps vs BF16 and our MXFP8 paths
 #   bash benchmarks/run_h200.sh prefill   # MoE GPU tests (weight-only, CUTLASS prefill path) + the MoE candidates table
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
@@ -160,6 +161,9 @@ tables)
 cublas)
   python3 -m pytest -q tests/gpu -k "cublas or backend_matches" 2>&1 | tee "$OUT/pytest_cublas.txt" | tail -4
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_cublas.md" --flashinfer --timer graph --ms ${DENSE_MS:-16 64 128 256 512 1024 4096 8192} 2>&1 | grep "^|\|:"
+  ;;
+rowwise)
+  timeout 560 python3 benchmarks/kernels/bench_rowwise.py --out-dir "$OUT" 2>&1 | grep "^|\|plot\|Error"
   ;;
 gemv)
   python3 -m pytest -q tests/gpu -k gemv 2>&1 | tee "$OUT/pytest_gemv.txt" | tail -30

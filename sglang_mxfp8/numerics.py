@@ -106,14 +106,35 @@ def block_exponents(q: torch.Tensor, scale: torch.Tensor, block_rows: int) -> to
     ``[ceil(R/block_rows), ceil(K/128)]``, int32.
     """
     r, k = q.shape
-    none = -(1 << 20)
-    nz = (q.view(torch.uint8) & 0x7F).reshape(r, k // MX_BLOCK, MX_BLOCK).amax(-1) > 0
-    e = torch.where(nz, scale.to(torch.int32) - E8M0_BIAS, torch.full_like(scale, none, dtype=torch.int32))
+    e = _subblock_exponents(q, scale)
     kb = math.ceil(k / 128)
     nb = math.ceil(r / block_rows)
-    e = torch.nn.functional.pad(e, (0, kb * 4 - e.shape[1], 0, nb * block_rows - r), value=none)
+    e = torch.nn.functional.pad(e, (0, kb * 4 - e.shape[1], 0, nb * block_rows - r), value=_NO_EXPONENT)
     e = e.reshape(nb, block_rows, kb, 4).amax(dim=(1, 3))
-    return torch.where(e == none, torch.zeros_like(e), e)
+    return torch.where(e == _NO_EXPONENT, torch.zeros_like(e), e)
+
+
+_NO_EXPONENT = -(1 << 20)
+
+
+def _subblock_exponents(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int32 [R, K/32]: each 32-element sub-block's scale exponent, _NO_EXPONENT where it is all zeros."""
+    r, k = q.shape
+    nz = (q.view(torch.uint8) & 0x7F).reshape(r, k // MX_BLOCK, MX_BLOCK).amax(-1) > 0
+    return torch.where(nz, scale.to(torch.int32) - E8M0_BIAS, torch.full_like(scale, _NO_EXPONENT, dtype=torch.int32))
+
+
+def convert_to_row_scales(q: torch.Tensor, scale: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """Convert MXFP8 ``q [R, K]`` in place to one power-of-two scale per row (per-channel FP8, what per-token x
+    per-channel FP8 GEMMs take); returns (float32 scales [R], elements changed).
+
+    The row's exponent is its largest nonzero sub-block exponent (0 for an all-zero row); each element moves by
+    ``s_i - E <= 0`` binary places, exact unless it lands in e4m3's subnormal range, as for block scales."""
+    _check_conversion(q, scale, "convert_to_row_scales")
+    e = _subblock_exponents(q, scale).amax(dim=1)
+    e = torch.where(e == _NO_EXPONENT, torch.zeros_like(e), e)
+    changed = shift_to_block_exponents(q, scale, e[:, None].expand(-1, math.ceil(q.shape[1] / 128)), 1)
+    return exponents_to_scales(e), changed
 
 
 def shift_to_block_exponents(q: torch.Tensor, scale: torch.Tensor, exps: torch.Tensor, block_rows: int) -> int:
@@ -137,6 +158,17 @@ def exponents_to_scales(exps: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(exps, dtype=torch.float32), exps.float())
 
 
+def _check_conversion(q: torch.Tensor, scale: torch.Tensor, what: str) -> None:
+    if q.dim() != 2 or q.dtype != FP8:
+        raise ValueError(f"{what}: expected a 2-D float8_e4m3fn weight, got {q.dtype} {tuple(q.shape)}")
+    _check_k(q, what)
+    r, k = q.shape
+    if scale.shape != (r, k // MX_BLOCK) or scale.dtype != torch.uint8:
+        raise ValueError(f"{what}: scale must be uint8 [{r}, {k // MX_BLOCK}], got {scale.dtype} {tuple(scale.shape)}")
+    if bool((scale == E8M0_NAN).any()):
+        raise ValueError(f"{what}: scale holds NaN (0xFF) bytes: the checkpoint has non-finite weights")
+
+
 def convert_to_block_scales(q: torch.Tensor, scale: torch.Tensor, block_rows: int) -> Tuple[torch.Tensor, int]:
     """Convert MXFP8 ``q [R, K]`` in place to power-of-two block scales; returns (scales, changed).
 
@@ -145,14 +177,7 @@ def convert_to_block_scales(q: torch.Tensor, scale: torch.Tensor, block_rows: in
     """
     if block_rows not in (1, 128):
         raise ValueError(f"block_rows must be 1 or 128, got {block_rows}")
-    if q.dim() != 2 or q.dtype != FP8:
-        raise ValueError(f"expected a 2-D float8_e4m3fn weight, got {q.dtype} {tuple(q.shape)}")
-    _check_k(q, "convert_to_block_scales")
-    r, k = q.shape
-    if scale.shape != (r, k // MX_BLOCK) or scale.dtype != torch.uint8:
-        raise ValueError(f"scale must be uint8 [{r}, {k // MX_BLOCK}], got {scale.dtype} {tuple(scale.shape)}")
-    if bool((scale == E8M0_NAN).any()):
-        raise ValueError("scale holds NaN (0xFF) bytes: the checkpoint has non-finite weights")
+    _check_conversion(q, scale, "convert_to_block_scales")
     exps = block_exponents(q, scale, block_rows)
     changed = shift_to_block_exponents(q, scale, exps, block_rows)
     return exponents_to_scales(exps), changed

@@ -132,6 +132,41 @@ def test_conversion_rejects_nan_scales():
         convert_to_block_scales(q, s, 1)
 
 
+@pytest.mark.parametrize("shape", [(256, 512), (200, 320), (130, 96)])
+def test_row_conversion_is_nearly_lossless(shape):
+    """One power-of-two scale per row (per-channel FP8): the same in-place exponent shift as the block scales,
+    over a whole row instead of 128x128; fewer elements move than with 128-row blocks on the same weights."""
+    from sglang_mxfp8.numerics import convert_to_row_scales
+
+    x = _rand(7, *shape, spread=0.7) * torch.exp(torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    q, s = quantize_mxfp8(x)
+    ref = dequantize_mxfp8(q, s).double()
+    w = q.clone()
+    ptr = w.data_ptr()
+    scales, changed = convert_to_row_scales(w, s)
+    assert w.data_ptr() == ptr and scales.shape == (shape[0],)
+    assert torch.all(torch.log2(scales) == torch.round(torch.log2(scales)))  # powers of two
+    got = w.double() * scales.double()[:, None]
+    assert int((got != ref).sum()) == changed
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-4
+    assert changed <= convert_to_block_scales(q.clone(), s, 128)[1]
+
+
+def test_row_conversion_ignores_zero_subblocks_and_rejects_nan_scales():
+    from sglang_mxfp8.numerics import convert_to_row_scales
+
+    x = torch.randn(3, 256, dtype=torch.float64) * 1e-3
+    x[0, 32:64] = 0.0  # a zero sub-block's scale byte (1.0) must not set the row's scale
+    x[1] = 0.0  # an all-zero row: scale 1, nothing moves
+    q, s = quantize_mxfp8(x)
+    scales, changed = convert_to_row_scales(q.clone(), s)
+    assert scales[0].item() < 1e-2 and scales[1].item() == 1.0
+    x[2, 7] = float("nan")
+    q, s = quantize_mxfp8(x)
+    with pytest.raises(ValueError, match="convert_to_row_scales: scale holds NaN"):
+        convert_to_row_scales(q, s)
+
+
 def test_activation_1x128_reference():
     x = torch.randn(7, 352) * 3
     q, s = quantize_activation_1x128(x)
