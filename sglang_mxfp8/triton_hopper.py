@@ -28,7 +28,8 @@ FP8_MAX = 448.0
 @triton.jit
 def _quant_act_kernel(x_ptr, q_ptr, s_ptr, M, M_OUT, K, stride_xm, stride_qm, stride_sm, stride_sk,
                       ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """Rows M..M_OUT (padding for a consumer that wants whole row groups) get zeros and the floor scale."""
+    """Rows M..M_OUT (padding for a consumer that wants whole row groups) get zeros and the floor scale. A group
+    holding a NaN gets a NaN scale (the row maximum alone would skip it), so the token's output row is NaN."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.program_id(1)
     cols = g * BLOCK + tl.arange(0, BLOCK)
@@ -36,7 +37,8 @@ def _quant_act_kernel(x_ptr, q_ptr, s_ptr, M, M_OUT, K, stride_xm, stride_qm, st
     x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=(rows < M)[:, None] & col_ok,
                 other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.maximum(amax / 448.0, 1e-12)
+    has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
+    scale = tl.where(has_nan, float("nan"), tl.maximum(amax / 448.0, 1e-12))
     q = tl.clamp(x / scale[:, None], -448.0, 448.0)
     out_ok = rows < M_OUT
     tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q.to(tl.float8e4nv), mask=out_ok[:, None] & col_ok)

@@ -23,14 +23,14 @@ from sglang_mxfp8 import triton_hopper as th  # noqa: E402
 
 NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 # pointer arguments by name (every other pointer is a bf16 activation or output; every other argument an int32)
-POINTERS = {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "tw_ptr": "*fp32"}
+POINTERS = {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "tw_ptr": "*fp32", "q_ptr": "*fp8e4nv"}
 # integer arguments Triton specializes as multiples of 16 at launch on the served shapes
 DIVISIBLE = {"N", "K", "I", "stride_wn", "stride_we", "stride_act"}
 
 
-def sm90_sass(kernel, constants: dict, config: dict) -> str:
-    """SASS of ``kernel`` compiled for sm90 with ``config``'s tile constants, warps and stages (argument types
-    from the parameters' names)."""
+def sm90_compile(kernel, constants: dict, config: dict):
+    """``kernel`` compiled for sm90 with ``config``'s tile constants, warps and stages (argument types from the
+    parameters' names)."""
     cfg = dict(config)
     options = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
     constants = {**constants, **cfg}
@@ -38,8 +38,12 @@ def sm90_sass(kernel, constants: dict, config: dict) -> str:
     sig = {n: "constexpr" if n in constants else POINTERS.get(n, "*bf16") if n.endswith("_ptr") else "i32"
            for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n][0] == "*" or n in DIVISIBLE}
-    compiled = triton.compile(ASTSource(kernel, sig, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=options)
+    return triton.compile(ASTSource(kernel, sig, constants, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def sm90_sass(kernel, constants: dict, config: dict) -> str:
+    """SASS of ``kernel`` compiled for sm90 (see sm90_compile)."""
+    compiled = sm90_compile(kernel, constants, config)
     path = f"/tmp/sglang_mxfp8_codegen_{os.getpid()}.cubin"
     with open(path, "wb") as f:
         f.write(compiled.asm["cubin"])
@@ -76,3 +80,10 @@ def test_moe_gemv_launches_issue_their_weight_loads_16_bytes_wide_before_any_mul
         order = load_order(sm90_sass(kernel, constants, cfg))
         need = weight_bytes_per_thread(rows, cfg["GROUPS"], cfg["num_warps"]) // 16
         assert need >= 1 and order.index("*") >= need, (kernel.__name__, order)
+
+
+def test_activation_quantizer_compiles_its_nan_check_for_sm90():
+    """The quantizer's NaN scale for a group holding a NaN survives compilation for sm90 (a NaN test on the
+    loaded values, a per-row reduction of it, a select of the scale; its numerics: test_triton_cpu.py)."""
+    ptx = sm90_compile(th._quant_act_kernel, dict(ROWS=16, BLOCK=128), dict(num_warps=4, num_stages=1)).asm["ptx"]
+    assert re.search(r"setp\.nan\.", ptx) and "redux.sync.max" in ptx and "selp.f32" in ptx

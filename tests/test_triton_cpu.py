@@ -26,6 +26,11 @@ for m, n, k in [(1, 64, 128), (7, 200, 352), (33, 130, 256), (16, 96, 96), (70, 
         pad = -m % 4
         assert qm.shape == (m + pad, k) and sm.shape == (m + pad, s_ref.shape[1]) and sm.stride() == (1, m + pad)
         assert torch.equal(sm[:m], s_ref) and not qm[m:].float().any() and bool((sm[m:] == 1e-12).all()), (m, rows)
+    nan = x.clone()
+    nan[-1, k - 1] = float("nan")  # the host reference's row maximum propagates it: a NaN scale for that group
+    _, s_nan = th.quantize_act_1x128(nan)
+    assert s_nan[-1, -1].isnan() and torch.equal(s_nan[:-1], s_ref[:-1]) and torch.equal(s_nan[-1, :-1], s_ref[-1, :-1])
+    assert torch.equal(quantize_activation_1x128(nan)[1].isnan(), s_nan.isnan())
     w, ws = quantize_mxfp8(torch.randn(n, k) * 0.02)
     bs, _ = convert_to_block_scales(w, ws, 1)
     bias = torch.randn(n).to(torch.bfloat16)
