@@ -32,9 +32,10 @@ WEIGHT_ONLY_MAX_N = 5120
 HOPPER_GEMV_SHAPES = frozenset({(5120, 2048), (2048, 4096), (4096, 14336)})
 GEMV_ENV = "SGLANG_MXFP8_GEMV"
 CUBLAS_PREFILL_ENV = "SGLANG_MXFP8_CUBLAS_PREFILL"
-# H200, CUDA-graph GPU time, same run (benchmarks/RESULTS.md, "cuBLAS's block-scaled GEMM"): cuBLAS beat
-# FlashInfer's GEMM (both with their quantizers) at 1024 and 4096 tokens on all four measured shapes, lost at
-# 16-512 on Qwen3-30B-A3B's and at 8192 on Llama-3-8B's
+# H200, CUDA-graph GPU time, same run (benchmarks/RESULTS.md, "cuBLAS's block-scaled GEMM" and "Per-row scales
+# probe"): cuBLAS beat FlashInfer's GEMM (both with their quantizers) at 1024 and 4096 tokens on all four measured
+# shapes in both runs, at 8192 in one run of two on Llama-3-8B's (0.90-0.95x in the other), lost at 16-512 on
+# Qwen3-30B-A3B's
 CUBLAS_MIN_TOKENS = 1024
 
 
