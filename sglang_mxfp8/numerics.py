@@ -98,6 +98,9 @@ def dequantize_mxfp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (qb * e8m0_to_float(scale).unsqueeze(-1)).reshape(q.shape)
 
 
+_NO_EXPONENT = -(1 << 20)  # a sub-block of zeros: no exponent
+
+
 def block_exponents(q: torch.Tensor, scale: torch.Tensor, block_rows: int) -> torch.Tensor:
     """Target exponent per (row block, 128-column block) of MXFP8 ``q [R, K]`` with scales ``[R, K/32]``.
 
@@ -112,9 +115,6 @@ def block_exponents(q: torch.Tensor, scale: torch.Tensor, block_rows: int) -> to
     e = torch.nn.functional.pad(e, (0, kb * 4 - e.shape[1], 0, nb * block_rows - r), value=_NO_EXPONENT)
     e = e.reshape(nb, block_rows, kb, 4).amax(dim=(1, 3))
     return torch.where(e == _NO_EXPONENT, torch.zeros_like(e), e)
-
-
-_NO_EXPONENT = -(1 << 20)
 
 
 def _subblock_exponents(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
