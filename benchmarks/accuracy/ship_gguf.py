@@ -14,17 +14,19 @@ Each chunk has its own folder, so the 19 commands (carry .model/cK) can go back 
 import argparse
 import hashlib
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 PARTS = 22
-CHUNKS = 19  # 56.1 MiB each: with the ~5 MiB tracked tree, under the 64 MiB a command carries
+CHUNKS = 19  # 56.1 MiB each: beside the tracked tree, under the 64 MiB a command carries (ship_chunks checks)
 SIZE = 1_117_320_768
 SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import ship_chunks  # noqa: E402
+
 MODEL = ROOT / ".model"
 
 
@@ -69,14 +71,7 @@ def prepare() -> None:
 
 def stage() -> None:
     """Write chunk k (1..CHUNKS) of the GGUF alone into .model/c{k}/."""
-    size = -(-SIZE // CHUNKS)
-    with open(MODEL / "model.gguf", "rb") as f:
-        for k in range(1, CHUNKS + 1):
-            folder = MODEL / f"c{k}"
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            (folder / f"chunk{k:02d}.bin").write_bytes(f.read(size))
-    print(f"staged {CHUNKS} chunks in {MODEL}/c1 ... c{CHUNKS}")
+    ship_chunks.stage(MODEL / "model.gguf", MODEL, CHUNKS)
 
 
 def main():
