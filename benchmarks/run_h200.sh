@@ -3,6 +3,7 @@
 #   bash benchmarks/run_h200.sh kernels   # GPU tests + dense layer benchmark
 #   bash benchmarks/run_h200.sh serve     # tiny Qwen3-MoE: BF16 vs MXFP8 served by stock SGLang, refits
 #   bash benchmarks/run_h200.sh recv|accuracy-prep|accuracy   # real-model gsm8k (see benchmarks/accuracy/ship_gguf.py)
+#   bash benchmarks/run_h200.sh recv|fa3-install              # FlashAttention 3 for the served runs (benchmarks/e2e/ship_fa3.py)
 #   bash benchmarks/run_h200.sh gsm8k     # bench_sglang.py against the real server on a converted tiny model
 #   bash benchmarks/run_h200.sh reliability  # refit soak, refit under load, corrupt refits
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
@@ -24,9 +25,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sglang_mxfp8_out}
 mkdir -p "$OUT"
 if [ "${1:-}" = recv ]; then
-  # one chunk of the GGUF per command (python benchmarks/accuracy/ship_gguf.py stage; carry .model/cK);
-  # kept under /tmp, which outlives the repo folder while the machine stays warm; no .gpu needed
-  mkdir -p /tmp/gguf_chunks && mv "${2:?recv .model/cK}"/chunk*.bin /tmp/gguf_chunks/ && ls /tmp/gguf_chunks | tr '\n' ' '
+  # one chunk of a large file per command (benchmarks/ship_chunks.py; carry ROOT/cK): the GGUF's (.model/cK, to
+  # /tmp/gguf_chunks) or FlashAttention 3's (.fa3/cK, to /tmp/fa3_chunks); kept under /tmp, which outlives the
+  # repo folder while the machine stays warm; no .gpu needed
+  DEST=${3:-/tmp/gguf_chunks}
+  mkdir -p "$DEST" && mv "${2:?recv ROOT/cK [DEST]}"/chunk*.bin "$DEST"/ && ls "$DEST" | tr '\n' ' '
   exit
 fi
 source .gpu/bootstrap.sh || exit 1
@@ -34,6 +37,9 @@ export FLASHINFER_WORKSPACE_BASE=/tmp/fi_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 case "${1:-kernels}" in
+fa3-install)
+  python3 benchmarks/e2e/ship_fa3.py install /tmp/fa3_chunks
+  ;;
 accuracy-prep)
   # needs accelerate in .gpu/wheels (transformers' GGUF loader asks for it)
   cat /tmp/gguf_chunks/chunk*.bin > /tmp/model.gguf
@@ -119,7 +125,10 @@ e2e)
   # runs ROUND_SECONDS (default 6) of back-to-back requests per client (ROUND_SECONDS=0: fixed 2 x c requests)
   # the one-token GEMVs served: E2E_MX="no dense GEMV=SGLANG_MXFP8_GEMV=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   # (or "no GEMV MoE=SGLANG_MXFP8_MOE_GEMV=0 ..."), with E2E_ARGS="--concurrency 1 --profile-batch 1"
+  # E2E_FLAGS: more launch flags for every server, after the base ones (the last of a repeated flag wins), e.g.
+  # E2E_FLAGS="--attention-backend fa3" once fa3-install has run on this machine
   timeout 580 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" \
+    --flags "--cuda-graph-max-bs 128${E2E_FLAGS:+ $E2E_FLAGS}" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
     ${E2E_MX:+--mx "$E2E_MX"} \
     --profile-steps 16 --profile-batch 1 128 --round-seconds "${ROUND_SECONDS:-6}" ${E2E_ARGS:-}
