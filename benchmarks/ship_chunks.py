@@ -2,12 +2,34 @@
 (carry ROOT/cK), gathered under /tmp on the still-warm H200 (bash benchmarks/run_h200.sh recv ROOT/cK DEST).
 At most 64 MiB travels with a command, the tracked tree included."""
 
+import hashlib
+import math
 import shutil
 import subprocess
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
 CARRY_LIMIT = 64 * 2**20
 MARGIN = 2**20
+
+
+def sha256_of(paths) -> tuple:
+    """(bytes, sha256 hex digest) of the files ``paths`` read one after another."""
+    h, n = hashlib.sha256(), 0
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+                n += len(chunk)
+    return n, h.hexdigest()
+
+
+def exclude_from_git(folder: Path) -> None:
+    """Keep the repo's staging ``folder`` out of git (and so out of what a command carries unless named)."""
+    exclude = REPO / ".git" / "info" / "exclude"
+    entry = f"/{folder.relative_to(REPO)}/"
+    if exclude.is_file() and entry not in exclude.read_text().split():
+        exclude.write_text(exclude.read_text() + entry + "\n")
 
 
 def tracked_bytes(repo: Path) -> int:
@@ -15,10 +37,12 @@ def tracked_bytes(repo: Path) -> int:
     return sum((repo / n.decode()).stat().st_size for n in names if n and (repo / n.decode()).is_file())
 
 
-def stage(src: Path, root: Path, chunks: int) -> None:
-    """Write chunk k (1..chunks) of ``src`` alone into root/c{k}/chunk{k:02d}.bin (equal sizes, the last shorter)."""
+def stage(src: Path, root: Path, chunks: int | None = None) -> None:
+    """Write chunk k (1..chunks) of ``src`` alone into root/c{k}/chunk{k:02d}.bin (equal sizes, the last shorter);
+    ``chunks=None``: the fewest that each leave the tracked tree room under 64 MiB."""
+    room = CARRY_LIMIT - tracked_bytes(REPO) - MARGIN
+    chunks = chunks or math.ceil(src.stat().st_size / room)
     size = -(-src.stat().st_size // chunks)
-    room = CARRY_LIMIT - tracked_bytes(Path(__file__).resolve().parents[1]) - MARGIN
     if size > room:
         raise SystemExit(f"{src}: chunks of {size} bytes leave no room for the tracked tree under 64 MiB "
                          f"({room} bytes free); use more than {chunks} chunks")

