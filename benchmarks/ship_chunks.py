@@ -24,12 +24,15 @@ def sha256_of(paths) -> tuple:
     return n, h.hexdigest()
 
 
-def exclude_from_git(folder: Path) -> None:
-    """Keep the repo's staging ``folder`` out of git (and so out of what a command carries unless named)."""
-    exclude = REPO / ".git" / "info" / "exclude"
-    entry = f"/{folder.relative_to(REPO)}/"
-    if exclude.is_file() and entry not in exclude.read_text().split():
-        exclude.write_text(exclude.read_text() + entry + "\n")
+def exclude_from_git(folder: Path, repo: Path = REPO) -> None:
+    """Keep the repo's staging ``folder`` out of git (and so out of what a command carries unless named); a clone
+    may have no .git/info/exclude yet."""
+    exclude = repo / ".git" / "info" / "exclude"
+    entry = f"/{folder.relative_to(repo)}/"
+    text = exclude.read_text() if exclude.is_file() else ""
+    if entry not in text.split():
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n") + entry + "\n")
 
 
 def tracked_bytes(repo: Path) -> int:

@@ -5,6 +5,7 @@ import hashlib
 import lzma
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -66,3 +67,26 @@ def test_chunks_out_of_order_are_refused(tmp_path):
     with pytest.raises(SystemExit, match="the 3 chunks in .* do not make lib.so .xz: "):
         ship_fa3.join(gathered, tmp_path / "lib.so", hashlib.sha256(payload).hexdigest())
     assert not (tmp_path / "lib.so").exists() and not (tmp_path / "lib.so.partial").exists()
+
+
+@pytest.mark.parametrize("exclude_before", [None, "*.log", "*.log\n"])
+def test_staging_folder_is_kept_out_of_git(tmp_path, exclude_before):
+    """A clone without .git/info/exclude (or one whose last line has no newline) still ignores the staging folder,
+    so a device command does not carry the chunks it was not given."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    exclude = tmp_path / ".git" / "info" / "exclude"
+    if exclude_before is None:
+        shutil.rmtree(exclude.parent)
+    else:
+        exclude.write_text(exclude_before)
+    (tmp_path / "x.log").write_text("log")
+    staging = tmp_path / ".fa3"
+    (staging / "c1").mkdir(parents=True)
+    (staging / "c1" / "chunk01.bin").write_bytes(b"\0" * 64)
+    for _ in range(2):
+        ship_chunks.exclude_from_git(staging, tmp_path)
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=tmp_path, check=True,
+                            capture_output=True, text=True).stdout.split("\n")
+    assert not any(".fa3" in line for line in status), status
+    assert ("?? x.log" in status) == (exclude_before is None), status
+    assert exclude.read_text().split().count("/.fa3/") == 1
