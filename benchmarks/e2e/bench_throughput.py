@@ -7,8 +7,8 @@ time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
 
 - throughput at each --concurrency: 2 x concurrency requests (at least 8) with that many in flight,
   or with --round-seconds S that many clients sending requests back to back for S seconds; output
-  tokens / wall time, median of --repeats rounds (all kept in e2e.json), after an untimed round
-  at the same concurrency. Triton kernels (SGLang's MoE, our GEMM) and FlashInfer's SM90 GEMM compile
+  tokens / wall time, median of --repeats rounds (each kept in e2e.json with its requests and seconds),
+  after an untimed round at the same concurrency. Triton kernels (SGLang's MoE, our GEMM) and FlashInfer's SM90 GEMM compile
   on first use of a new tile config or integer specialisation, which a mixed prefill batch can hit
   late: one such stall is 1-3 s, so a single timed round can be off by several times;
 - decode latency at batch 1: (time of a request with 1 + D new tokens - time with 1) / D.
@@ -68,28 +68,36 @@ def measure(port: int, args) -> dict:
     for c in args.concurrency:
         with ThreadPoolExecutor(c) as pool:  # warm-up round, untimed
             list(pool.map(lambda p: generate(port, p, 32), [prompt() for _ in range(c)]))
-        rates = []
+        rates, rounds = [], []
         for r in range(args.repeats):
             t0 = time.perf_counter()
             if args.round_seconds:
                 def client(i, deadline=t0 + args.round_seconds, seed=(c, r)):
-                    """One of c clients: a new request as soon as its last one returns, until the deadline."""
+                    """One of c clients: a new request as soon as its last one returns, until the deadline;
+                    (requests, output tokens)."""
                     own = random.Random(f"{seed}/{i}")
-                    tokens = 0
+                    requests_sent = tokens = 0
                     while True:
                         tokens += generate(port, prompt(own), args.output_len)
+                        requests_sent += 1
                         if time.perf_counter() >= deadline:
-                            return tokens
+                            return requests_sent, tokens
 
                 with ThreadPoolExecutor(c) as pool:
-                    tokens = sum(pool.map(client, range(c)))
+                    per_client = list(pool.map(client, range(c)))
+                n_requests, tokens = (sum(col) for col in zip(*per_client))
             else:
                 prompts = [prompt() for _ in range(max(8, 2 * c))]
                 with ThreadPoolExecutor(c) as pool:
                     tokens = sum(pool.map(lambda p: generate(port, p, args.output_len), prompts))
-            rates.append(tokens / (time.perf_counter() - t0))
+                n_requests = len(prompts)
+            seconds = time.perf_counter() - t0
+            rates.append(tokens / seconds)
+            # its requests show whether rounds that differ in rate also differ in how many requests they finished
+            rounds.append(dict(seconds=round(seconds, 3), requests=n_requests, tokens=tokens))
         result[f"c{c}"] = statistics.median(rates)
         result[f"c{c}_runs"] = rates
+        result[f"c{c}_rounds"] = rounds
     p = prompt()
     times = {}
     for n in (1, 1 + args.decode_tokens):
@@ -101,6 +109,11 @@ def measure(port: int, args) -> dict:
         times[n] = sorted(runs)[1]
     result["decode_ms_per_token"] = 1e3 * (times[1 + args.decode_tokens] - times[1]) / args.decode_tokens
     return result
+
+
+def with_rounds(result: dict, key: str) -> str:
+    """'median (round, round, ...)' of one server's tok/s at one concurrency."""
+    return f"{result[key]:.0f} (" + ", ".join(f"{r:.0f}" for r in result[key + "_runs"]) + ")"
 
 
 def stream_until(port: int, ids, new_tokens: int, at: int, reached: threading.Event) -> int:
@@ -291,13 +304,14 @@ def main():
     lines = [f"Qwen3-30B-A3B-shaped, {args.layers} layers, random weights; input {args.input_len}, output "
              f"{args.output_len} tokens (ignore_eos); one server at a time, same run; output tok/s (ratio to BF16), "
              f"median of {args.repeats} rounds of " + (f"{args.round_seconds:g} s of back-to-back requests per client."
-                                                      if args.round_seconds else "2 x concurrency requests."),
+                                                      if args.round_seconds else "2 x concurrency requests.")
+             + " Each round in brackets.",
              "", "| concurrency | BF16 tok/s | " + " | ".join(f"{n} tok/s (ratio)" for n in mx_names) + " |",
              "|---" * (2 + len(mx_names)) + "|"]
     for c in args.concurrency:
         k = f"c{c}"
-        lines.append(f"| {c} | {b[k]:.0f} | " + " | ".join(f"{results[n][k]:.0f} ({results[n][k] / b[k]:.2f}x)"
-                                                          for n in mx_names) + " |")
+        lines.append(f"| {c} | {with_rounds(b, k)} | " + " | ".join(
+            f"{with_rounds(results[n], k)} ({results[n][k] / b[k]:.2f}x)" for n in mx_names) + " |")
     ms = {n: r["decode_ms_per_token"] for n, r in results.items()}
     lines += ["", "decode latency at batch 1, ms/token: BF16 " + f"{ms['BF16']:.2f}; " + "; ".join(
         f"{n} {ms[n]:.2f} ({ms['BF16'] / ms[n]:.2f}x speed)" for n in mx_names),
