@@ -30,7 +30,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from sglang_mxfp8.cublas_sm90 import blockscale_gemm
 from sglang_mxfp8.dense import HopperFlashInferDense
 from sglang_mxfp8.moe_hopper import CutlassGroupedMoE
-from sglang_mxfp8.numerics import convert_to_row_scales, quantize_mxfp8
+from sglang_mxfp8.numerics import convert_to_row_scales, dequantize_block_fp8, quantize_mxfp8
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dense import SHAPES, graph_copies, make  # noqa: E402
@@ -130,8 +130,7 @@ def dense_table() -> list:
                 except Exception as e:  # noqa: BLE001 - a refused layout: say so in the table
                     cells.append(f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
             layer, be = block[0]
-            w_block = layer.weight.float() * layer.mxfp8_converter.block_scale[0].repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-            ref_block = x.float() @ w_block.t()
+            ref_block = x.float() @ dequantize_block_fp8(layer.weight, layer.mxfp8_converter.block_scale[0], 128).t()
             q, s_row = rows[0][0][0], rows[0][1][0]
             ref_row = x.float() @ (q.float() * s_row[:, None]).t()
             errs = []
