@@ -48,7 +48,15 @@ class Handler(BaseHTTPRequestHandler):
         self._send({"text": text, "meta_info": {"completion_tokens": len(text.split())}})
 
 
+class Server(ThreadingHTTPServer):
+    """The benchmark opens up to --parallel (64) connections at once; socketserver's default backlog of 5
+    makes a loaded machine reset some of them, which would read as a failed request."""
+
+    request_queue_size = 256
+    daemon_threads = True
+
+
 FAILING = int(sys.argv[2]) if len(sys.argv) > 2 else -1
 
 if __name__ == "__main__":
-    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+    Server(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
