@@ -95,19 +95,25 @@ def doctor(args) -> int:
     print(f"startup hook: {startup_hook_status()}")
     if gpu is None:
         print("GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)")
-        return 0
-    print(f"GPU: {gpu.label}")
-    print(f"  {resolver.DENSE_FLAG}: valid {', '.join(resolver.dense_flag_choices(gpu, fi)) or 'none'}")
-    print(f"  {resolver.MOE_FLAG}: valid {', '.join(resolver.moe_flag_choices(gpu, fi)) or 'none'}")
+    else:
+        print(f"GPU: {gpu.label}")
+        print(f"  {resolver.DENSE_FLAG}: valid {', '.join(resolver.dense_flag_choices(gpu, fi)) or 'none'}")
+        print(f"  {resolver.MOE_FLAG}: valid {', '.join(resolver.moe_flag_choices(gpu, fi)) or 'none'}")
     if not args.model:
         return 0
     ckpt = Path(args.model)
+    if not (ckpt / "config.json").is_file():
+        print(f"{ckpt}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)")
+        return 1
     fmt = checkpoint.detect_checkpoint(ckpt)
     if fmt is None:
         print(f"{ckpt}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8)")
         return 1
     flavor = "ModelOpt" if fmt.flavor == checkpoint.MODELOPT else "SGLang/miles"
     print(f"checkpoint: {ckpt} ({flavor} MXFP8, scales '{fmt.scale_name}', {len(fmt.ignored)} modules kept unquantized)")
+    if gpu is None:  # the checkpoint is checked; which kernel each layer gets depends on the GPU
+        print("  kernels per layer: pass --gpu h200|b200|... to see them")
+        return 0
     status = 0
     experts: Dict[str, Tuple[int, int]] = {}
     dense_kernels = set()

@@ -127,6 +127,27 @@ def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
     assert "cannot run MXFP8 on NVIDIA H200 (SM90)" in capsys.readouterr().out
 
 
+def test_doctor_checks_the_checkpoint_without_a_gpu(hf_llama, tmp_path, capsys, monkeypatch):
+    """On a machine with no GPU, --model is still read: its format, or one line on why it is not one."""
+    import sglang_mxfp8.gpu
+
+    monkeypatch.setattr(sglang_mxfp8.gpu, "visible_gpu", lambda: None)  # CI has none; a GPU box must behave alike
+    dst = tmp_path / "mx"
+    assert cli(["convert", str(hf_llama), str(dst)]) == 0
+    capsys.readouterr()
+    assert cli(["doctor", "--model", str(dst)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3:] == ["GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)",
+                        f"checkpoint: {dst} (SGLang/miles MXFP8, scales 'weight_scale_inv', 2 modules kept unquantized)",
+                        "  kernels per layer: pass --gpu h200|b200|... to see them"]
+    assert cli(["doctor", "--model", str(tmp_path / "missing")]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{tmp_path / 'missing'}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)")
+    assert cli(["doctor", "--model", str(hf_llama)]) == 1  # the BF16 original
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{hf_llama}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8)")
+
+
 def test_doctor_names_cublas_for_prefill_batches(tmp_path, capsys, monkeypatch):
     """Layers with K % 512 == 0 on the FlashInfer backend: batches of 1024+ tokens on cuBLAS, unless switched off."""
     transformers = pytest.importorskip("transformers")
