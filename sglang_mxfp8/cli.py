@@ -252,10 +252,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     c = sub.add_parser("convert", help="HF BF16/FP16 safetensors -> MXFP8 checkpoint for SGLang")
-    c.add_argument("input")
-    c.add_argument("output")
+    c.add_argument("input", help="Hugging Face checkpoint folder: config.json and BF16/FP16 *.safetensors")
+    c.add_argument("output", help="folder for the MXFP8 checkpoint: safetensors, config.json, the input's other files copied")
     c.add_argument("--force", action="store_true", help="overwrite a non-empty OUTPUT")
-    c.add_argument("--rounding", choices=("ceil", "floor"), default="ceil", help="E8M0 scale rounding (default ceil)")
+    c.add_argument("--rounding", choices=("ceil", "floor"), default="ceil",
+                   help="E8M0 scale of each 32-block: ceil = amax/448 rounded up to a power of two, no element "
+                        "saturates, as MXFP8 training recipes do (default); floor = OCP MX v1.0's "
+                        "floor(log2(amax)) - 8, elements above 448 saturate")
     c.set_defaults(func=convert_cmd)
 
     for name, helptext, func in (("doctor", "what each layer will run on", doctor), ("demo", "convert and serve a small model", demo)):
