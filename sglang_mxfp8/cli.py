@@ -71,16 +71,39 @@ def startup_hook_status() -> str:
 MOE_GEMV = "; one-token batches on the GEMV MoE (SGLANG_MXFP8_MOE_GEMV=0 turns it off)"
 
 
-def gemv_line(kernel: str) -> str:
-    """Doctor's line on the one-token GEMV of a Hopper dense backend ('' where it runs on no layer)."""
+FUSED_AS_SERVED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+                   "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
+
+
+def served_dense_layers(dense: Dict[str, Tuple[int, int]]) -> "OrderedDict[str, Tuple[int, int]]":
+    """Checkpoint layer kinds {kind: (N, K)} as SGLang builds them: q/k/v and gate/up each one weight (N summed)."""
+    served: "OrderedDict[str, Tuple[int, int]]" = OrderedDict()
+    for kind, (n, k) in dense.items():
+        prefix, leaf = kind.rsplit(".", 1)
+        name = f"{prefix}.{FUSED_AS_SERVED.get(leaf, leaf)}"
+        served[name] = (served.get(name, (0, k))[0] + n, k)
+    return served
+
+
+def gemv_line(gpu, flag: str, fi: bool, dense: Dict[str, Tuple[int, int]]) -> str:
+    """Doctor's line naming this checkpoint's served dense layers whose one-token batches run the weight-streaming
+    GEMV ('' where none do)."""
     from .dense import backend_class, dense_gemv_enabled
 
-    shapes = backend_class(kernel).gemv_shapes
-    if not shapes or not dense_gemv_enabled():
+    if not dense_gemv_enabled():
         return ""
-    listed = ", ".join(f"[{n} x {k}]" for n, k in sorted(shapes))
-    return (f"  one-token batches on the weight-streaming GEMV: {kernel} layers of {listed} (as served: SGLang fuses "
-            f"q/k/v and gate/up); SGLANG_MXFP8_GEMV=0 turns it off")
+    runs = []
+    for name, (n, k) in served_dense_layers(dense).items():
+        try:
+            cls = backend_class(resolver.resolve_dense(gpu, flag, flashinfer=fi, n=n, k=k, layer=name).kernel)
+        except resolver.Mxfp8ConfigError:  # its checkpoint kinds' lines said so
+            continue
+        if cls is not None and (n, k) in cls.gemv_shapes:
+            runs.append(f"{name} [{n} x {k}]")
+    if not runs:
+        return ""
+    return (f"  one-token batches on the weight-streaming GEMV (as served: SGLang fuses q/k/v and gate/up): "
+            f"{', '.join(runs)}; SGLANG_MXFP8_GEMV=0 turns it off")
 
 
 def doctor(args) -> int:
@@ -116,11 +139,12 @@ def doctor(args) -> int:
         return 0
     status = 0
     experts: Dict[str, Tuple[int, int]] = {}
-    dense_kernels = set()
+    dense: Dict[str, Tuple[int, int]] = {}
     for kind, (role, n, k, count) in layer_kinds(ckpt).items():
         if role == "experts":
             experts[kind] = (n, k)
             continue
+        dense[kind] = (n, k)
         try:
             choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=n, k=k, layer=kind)
             extra, small_m = "", weight_only_max_m(n)
@@ -132,12 +156,12 @@ def doctor(args) -> int:
                 if cublas_m:
                     extra += (f"; batches of {cublas_m}+ tokens on cuBLAS's block-scaled GEMM "
                               "(SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)")
-            dense_kernels.add(choice.kernel)
             print(f"  dense {kind} [{n} x {k}] x{count}: {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  dense {kind}: ERROR {e}")
             status = 1
-    for line in filter(None, map(gemv_line, sorted(dense_kernels))):
+    line = gemv_line(gpu, args.fp8_gemm_backend, fi, dense)
+    if line:
         print(line)
     if experts:
         hidden = next(k for kind, (n, k) in experts.items() if not kind.endswith("down_proj"))

@@ -105,28 +105,25 @@ def test_layers_our_moe_paths_cannot_compute_keep_every_batch_on_triton(change, 
 
 
 def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
-    """The dense GEMV's line lists the served shapes it runs on (the tiny model has none of them, and doctor
-    does not pretend it does); the MoE line names the GEMV MoE only for experts of its measured shape; each
-    switch removes its own."""
+    """The dense GEMV's line names this checkpoint's layers, as served (q/k/v and gate/up fused), that it runs on:
+    none for the tiny model, q/k/v and o for one with Qwen3-30B-A3B's attention; the MoE line names the GEMV MoE
+    only for experts of its measured shape; each switch removes its own."""
     from sglang_mxfp8.cli import MOE_GEMV
-    from sglang_mxfp8.dense import HopperFlashInferDense
 
     cli, doctor = _doctor_on_tiny_model(tmp_path)
     doctor += ["--fp8-gemm-backend", "flashinfer_trtllm"]
     monkeypatch.delenv(dense.GEMV_ENV, raising=False)
     monkeypatch.delenv(moe_hopper.MOE_GEMV_ENV, raising=False)
     assert cli(doctor) == 0
-    out_gemv = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
-    assert out_gemv == [
-        "  one-token batches on the weight-streaming GEMV: hopper_flashinfer_blockscale layers of [2048 x 4096], [4096 x 14336], "
-        "[5120 x 2048] "
-        "(as served: SGLang fuses q/k/v and gate/up); SGLANG_MXFP8_GEMV=0 turns it off"]
-    assert HopperFlashInferDense.gemv_shapes == {(2048, 4096), (4096, 14336), (5120, 2048)}
-    _, wide = _doctor_on_tiny_model(tmp_path / "wide", hidden=2048, moe_intermediate=768, experts=2, layers=1)
+    assert [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s] == []
+    _, wide = _doctor_on_tiny_model(tmp_path / "wide", hidden=2048, moe_intermediate=768, experts=2, layers=1,
+                                    heads=32, kv_heads=4, head_dim=128)
     wide += ["--fp8-gemm-backend", "flashinfer_trtllm"]
     assert cli(wide) == 0
     lines = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
-    assert lines[0] == out_gemv[0] and len(lines) == 2, lines
+    assert lines[0] == ("  one-token batches on the weight-streaming GEMV (as served: SGLang fuses q/k/v and gate/up): "
+                        "model.layers.N.self_attn.qkv_proj [5120 x 2048], model.layers.N.self_attn.o_proj [2048 x 4096]; "
+                        "SGLANG_MXFP8_GEMV=0 turns it off") and len(lines) == 2, lines
     assert lines[1].startswith("  MoE experts (hidden 2048, intermediate 768): hopper_triton_moe") and lines[1].endswith(MOE_GEMV)
     monkeypatch.setenv(dense.GEMV_ENV, "0")
     assert cli(wide) == 0
