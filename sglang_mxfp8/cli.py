@@ -71,44 +71,43 @@ def startup_hook_status() -> str:
 MOE_GEMV = "; one-token batches on the GEMV MoE (SGLANG_MXFP8_MOE_GEMV=0 turns it off)"
 
 
+GEMV_NOTE = "; one-token batches on the weight-streaming GEMV (SGLANG_MXFP8_GEMV=0 turns it off)"
 FUSED_AS_SERVED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
                    "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
 
 
-def served_dense_layers(dense: Dict[str, Tuple[int, int]]) -> "OrderedDict[str, Tuple[int, int]]":
-    """Checkpoint layer kinds {kind: (N, K)} as SGLang builds them: q/k/v and gate/up each one weight (N summed)."""
-    served: "OrderedDict[str, Tuple[int, int]]" = OrderedDict()
-    for kind, (n, k) in dense.items():
+def served_dense_layers(dense: Dict[str, Tuple[int, int, int]]) -> "OrderedDict[str, Tuple[int, int, int, List[str]]]":
+    """Checkpoint layer kinds {kind: (N, K, count)} as SGLang builds them, where the kernel is chosen: q/k/v and
+    gate/up each one weight, N summed; {served kind: (N, K, count, the checkpoint kinds' last names)}."""
+    served: "OrderedDict[str, list]" = OrderedDict()
+    for kind, (n, k, count) in dense.items():
         prefix, leaf = kind.rsplit(".", 1)
-        name = f"{prefix}.{FUSED_AS_SERVED.get(leaf, leaf)}"
-        served[name] = (served.get(name, (0, k))[0] + n, k)
-    return served
+        entry = served.setdefault(f"{prefix}.{FUSED_AS_SERVED.get(leaf, leaf)}", [0, k, count, []])
+        entry[0] += n
+        entry[3].append(leaf)
+    return OrderedDict((name, tuple(v)) for name, v in served.items())
 
 
-def gemv_line(gpu, flag: str, fi: bool, dense: Dict[str, Tuple[int, int]]) -> str:
-    """Doctor's line naming this checkpoint's served dense layers whose one-token batches run the weight-streaming
-    GEMV ('' where none do)."""
-    from .dense import backend_class, dense_gemv_enabled
+def dense_extras(choice: resolver.Choice, n: int, k: int) -> str:
+    """What else a Hopper dense layer runs beside its kernel, each with its switch."""
+    from .dense import backend_class, cublas_prefill_min_tokens, dense_gemv_enabled, weight_only_max_m
+    from .flashinfer_sm90 import precompile_enabled
 
-    if not dense_gemv_enabled():
-        return ""
-    runs = []
-    for name, (n, k) in served_dense_layers(dense).items():
-        try:
-            cls = backend_class(resolver.resolve_dense(gpu, flag, flashinfer=fi, n=n, k=k, layer=name).kernel)
-        except resolver.Mxfp8ConfigError:  # its checkpoint kinds' lines said so
-            continue
-        if cls is not None and (n, k) in cls.gemv_shapes:
-            runs.append(f"{name} [{n} x {k}]")
-    if not runs:
-        return ""
-    return (f"  one-token batches on the weight-streaming GEMV (as served: SGLang fuses q/k/v and gate/up): "
-            f"{', '.join(runs)}; SGLANG_MXFP8_GEMV=0 turns it off")
+    extra, small_m = "", weight_only_max_m(n)
+    if choice.kernel == resolver.HOPPER_TRITON and small_m:
+        extra = f"; weight-only FP8 GEMM for batches of up to {small_m} tokens"
+    elif choice.kernel == resolver.HOPPER_FLASHINFER:
+        extra = "; its kernels compiled while the model loads" if precompile_enabled() else ""
+        cublas_m = cublas_prefill_min_tokens(n, k)
+        if cublas_m:
+            extra += f"; batches of {cublas_m}+ tokens on cuBLAS's block-scaled GEMM (SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)"
+    cls = backend_class(choice.kernel)
+    if cls is not None and (n, k) in cls.gemv_shapes and dense_gemv_enabled():
+        extra += GEMV_NOTE
+    return extra
 
 
 def doctor(args) -> int:
-    from .dense import cublas_prefill_min_tokens, weight_only_max_m
-    from .flashinfer_sm90 import precompile_enabled
     from .gpu import flashinfer_available
     from .moe_hopper import cutlass_prefill_min_tokens, gemv_moe_runs
 
@@ -139,30 +138,20 @@ def doctor(args) -> int:
         return 0
     status = 0
     experts: Dict[str, Tuple[int, int]] = {}
-    dense: Dict[str, Tuple[int, int]] = {}
+    dense: Dict[str, Tuple[int, int, int]] = {}
     for kind, (role, n, k, count) in layer_kinds(ckpt).items():
         if role == "experts":
             experts[kind] = (n, k)
-            continue
-        dense[kind] = (n, k)
+        else:
+            dense[kind] = (n, k, count)
+    for name, (n, k, count, parts) in served_dense_layers(dense).items():
+        fused = f" ({' + '.join(sorted(parts, key=list(FUSED_AS_SERVED).index))})" if len(parts) > 1 else ""
         try:
-            choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=n, k=k, layer=kind)
-            extra, small_m = "", weight_only_max_m(n)
-            if choice.kernel == resolver.HOPPER_TRITON and small_m:
-                extra = f"; weight-only FP8 GEMM for batches of up to {small_m} tokens"
-            elif choice.kernel == resolver.HOPPER_FLASHINFER:
-                extra = "; its kernels compiled while the model loads" if precompile_enabled() else ""
-                cublas_m = cublas_prefill_min_tokens(n, k)
-                if cublas_m:
-                    extra += (f"; batches of {cublas_m}+ tokens on cuBLAS's block-scaled GEMM "
-                              "(SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)")
-            print(f"  dense {kind} [{n} x {k}] x{count}: {choice}{extra}")
+            choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=n, k=k, layer=name)
+            print(f"  dense {name} [{n} x {k}] x{count}{fused}: {choice}{dense_extras(choice, n, k)}")
         except resolver.Mxfp8ConfigError as e:
-            print(f"  dense {kind}: ERROR {e}")
+            print(f"  dense {name}{fused}: ERROR {e}")
             status = 1
-    line = gemv_line(gpu, args.fp8_gemm_backend, fi, dense)
-    if line:
-        print(line)
     if experts:
         hidden = next(k for kind, (n, k) in experts.items() if not kind.endswith("down_proj"))
         inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))

@@ -118,8 +118,11 @@ def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
     assert "tensors quantized to MXFP8" in out
     assert "GPU: NVIDIA H200 (SM90)" in out
     assert "dense model.layers.N.mlp.down_proj [128 x 352] x2: hopper_triton_w8a8" in out  # K=352 not % 128
-    assert "dense model.layers.N.mlp.up_proj [352 x 128] x2: hopper_triton_w8a8" in out  # N=352 not % 64
-    assert "dense model.layers.N.self_attn.q_proj [128 x 128] x2: hopper_flashinfer_blockscale" in out
+    # as SGLang serves them, fused: gate 352 + up 352 rows, a multiple of 64 that neither is alone
+    assert "dense model.layers.N.mlp.gate_up_proj [704 x 128] x2 (gate_proj + up_proj): hopper_flashinfer_blockscale" in out
+    assert "dense model.layers.N.self_attn.qkv_proj [256 x 128] x2 (q_proj + k_proj + v_proj): hopper_flashinfer_blockscale" in out
+    assert "dense model.layers.N.self_attn.o_proj [128 x 128] x2: hopper_flashinfer_blockscale" in out
+    assert sum(line.startswith("  dense ") for line in out.splitlines()) == 4
     assert "; its kernels compiled while the model loads" in out
     assert "down_proj [128 x 352] x2: hopper_triton_w8a8" in out
     assert "; weight-only FP8 GEMM for batches of up to 16 tokens" in out
@@ -162,9 +165,9 @@ def test_doctor_names_cublas_for_prefill_batches(tmp_path, capsys, monkeypatch):
     assert cli(args) == 0
     out = capsys.readouterr().out
     cublas = "; batches of 1024+ tokens on cuBLAS's block-scaled GEMM (SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)"
-    up = next(line for line in out.splitlines() if "up_proj [1024 x 512] x1" in line)
+    up = next(line for line in out.splitlines() if "gate_up_proj [2048 x 512] x1 (gate_proj + up_proj)" in line)
     assert "hopper_flashinfer_blockscale" in up and up.endswith(cublas)
-    assert out.count(cublas) == 7  # q, k, v, o, gate, up, down: every K and N here a multiple of 512
+    assert out.count(cublas) == 4  # qkv, o, gate_up, down: every K a multiple of 512, every N of 128
     monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "0")
     assert cli(args) == 0 and cublas not in capsys.readouterr().out
 

@@ -105,10 +105,10 @@ def test_layers_our_moe_paths_cannot_compute_keep_every_batch_on_triton(change, 
 
 
 def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
-    """The dense GEMV's line names this checkpoint's layers, as served (q/k/v and gate/up fused), that it runs on:
-    none for the tiny model, q/k/v and o for one with Qwen3-30B-A3B's attention; the MoE line names the GEMV MoE
-    only for experts of its measured shape; each switch removes its own."""
-    from sglang_mxfp8.cli import MOE_GEMV
+    """Doctor names the dense GEMV on the layers, as served (q/k/v fused), of the shapes it runs on: none of the
+    tiny model's, q/k/v and o of a model with Qwen3-30B-A3B's attention; the GEMV MoE only for experts of its
+    measured shape; each switch removes its own."""
+    from sglang_mxfp8.cli import GEMV_NOTE, MOE_GEMV
 
     cli, doctor = _doctor_on_tiny_model(tmp_path)
     doctor += ["--fp8-gemm-backend", "flashinfer_trtllm"]
@@ -121,13 +121,14 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
     wide += ["--fp8-gemm-backend", "flashinfer_trtllm"]
     assert cli(wide) == 0
     lines = [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
-    assert lines[0] == ("  one-token batches on the weight-streaming GEMV (as served: SGLang fuses q/k/v and gate/up): "
-                        "model.layers.N.self_attn.qkv_proj [5120 x 2048], model.layers.N.self_attn.o_proj [2048 x 4096]; "
-                        "SGLANG_MXFP8_GEMV=0 turns it off") and len(lines) == 2, lines
-    assert lines[1].startswith("  MoE experts (hidden 2048, intermediate 768): hopper_triton_moe") and lines[1].endswith(MOE_GEMV)
+    assert len(lines) == 3 and all(s.endswith(GEMV_NOTE) for s in lines[:2]), lines
+    assert lines[0].startswith("  dense model.layers.N.self_attn.qkv_proj [5120 x 2048] x1 (q_proj + k_proj + v_proj): "
+                               "hopper_flashinfer_blockscale")
+    assert lines[1].startswith("  dense model.layers.N.self_attn.o_proj [2048 x 4096] x1: hopper_flashinfer_blockscale")
+    assert lines[2].startswith("  MoE experts (hidden 2048, intermediate 768): hopper_triton_moe") and lines[2].endswith(MOE_GEMV)
     monkeypatch.setenv(dense.GEMV_ENV, "0")
     assert cli(wide) == 0
-    assert [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s] == lines[1:]
+    assert [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s] == lines[2:]
     monkeypatch.setenv(moe_hopper.MOE_GEMV_ENV, "0")
     assert cli(wide) == 0
     assert not [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
