@@ -69,8 +69,6 @@ def startup_hook_status() -> str:
 
 
 MOE_GEMV = "; one-token batches on the GEMV MoE (SGLANG_MXFP8_MOE_GEMV=0 turns it off)"
-
-
 GEMV_NOTE = "; one-token batches on the weight-streaming GEMV (SGLANG_MXFP8_GEMV=0 turns it off)"
 FUSED_AS_SERVED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
                    "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
