@@ -185,7 +185,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         flag = get_moe_runner_backend().value
         self.choice = resolver.resolve_moe(
             gpu, flag, flashinfer=flashinfer_available(), hidden=hidden_size,
-            intermediate=intermediate_size_per_partition, layer=self.prefix,
+            intermediate=intermediate_size_per_partition, layer=self.prefix, tp=getattr(layer, "moe_tp_size", 1),
         )
         if self.choice.kernel not in (resolver.HOPPER_TRITON_MOE, resolver.SM100_FLASHINFER_CUTLASS_MOE):
             raise resolver.Mxfp8ConfigError(f"{self.prefix}: " + resolver.hopper_cutlass_moe_unavailable(gpu))

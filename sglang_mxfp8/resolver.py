@@ -166,8 +166,25 @@ def resolve_dense(
     raise Mxfp8ConfigError(f"{layer}: mm_mxfp8 needs N,K>=128 (N={n}, K={k}) and {gpu.label} has no other MXFP8 GEMM; keep this layer BF16")
 
 
-def resolve_moe(gpu: GpuSpec, flag: str, *, flashinfer: bool, hidden: int, intermediate: int, layer: str = "experts") -> Choice:
-    """Kernel for one MXFP8 fused-MoE layer (w13 [E, 2I, H], w2 [E, H, I])."""
+def _moe_size_error(layer: str, name: str, dim: int, multiple: int, needs: str, fix: str, tp: int) -> Mxfp8ConfigError:
+    """A MoE size that is not a multiple of what the kernels need. Where tensor parallelism split the intermediate
+    size ``tp`` ways, the fix is another split (those that work are listed) or expert parallelism, which keeps each
+    expert whole."""
+    ways = [str(t) for t in range(1, 17) if dim * tp % t == 0 and (dim * tp // t) % multiple == 0]
+    if tp > 1 and name == "intermediate size" and ways:
+        listed = ", ".join(ways[:-1]) + " or " + ways[-1] if len(ways) > 1 else ways[0]
+        return Mxfp8ConfigError(
+            f"{layer}: intermediate size {dim * tp} split {tp} ways by tensor parallelism (--tp / --ep-size) leaves "
+            f"{dim} per rank, not a multiple of {multiple}, {needs}; serve with --tp / --ep-size = {listed} (--ep-size "
+            f"equal to --tp keeps each expert whole on its rank)")
+    full = f"{name} {dim * tp}, {dim} per rank," if tp > 1 and name == "intermediate size" else f"{name} {dim}"
+    return Mxfp8ConfigError(f"{layer}: {full} is not a multiple of {multiple}, {needs}; {fix}")
+
+
+def resolve_moe(gpu: GpuSpec, flag: str, *, flashinfer: bool, hidden: int, intermediate: int, layer: str = "experts",
+                tp: int = 1) -> Choice:
+    """Kernel for one MXFP8 fused-MoE layer (w13 [E, 2I, H], w2 [E, H, I]); ``intermediate``: I on this rank,
+    after tensor parallelism split it ``tp`` ways (SGLang's MoE tensor-parallel size)."""
     check_supported_gpu(gpu)
     valid = moe_flag_choices(gpu, flashinfer)
     if not valid:
@@ -180,17 +197,16 @@ def resolve_moe(gpu: GpuSpec, flag: str, *, flashinfer: bool, hidden: int, inter
     if flag not in valid:
         why = "FlashInfer is not installed (pip install flashinfer-python)" if not flashinfer and flag.startswith("flashinfer") else "no such kernel for this architecture"
         raise _bad_flag(MOE_FLAG, flag, gpu, valid, why)
+    if gpu.sm == 90:  # 128x128 blocks after the scale conversion; a multiple of 128 is one of 32 as well
+        multiple, needs, fix = (128, f"which Hopper block-FP8 MoE kernels need on {gpu.label}",
+                                "keep this MoE layer BF16 (modules_to_not_convert)")
+    else:
+        multiple, needs, fix = 32, "the MXFP8 scale block", f"MXFP8 MoE cannot hold it on {gpu.label}"
     for name, dim in (("hidden size", hidden), ("intermediate size", intermediate)):
-        if dim % 32:
-            raise Mxfp8ConfigError(f"{layer}: {name} {dim} is not a multiple of 32; MXFP8 MoE cannot hold it on {gpu.label}")
+        if dim % multiple:
+            raise _moe_size_error(layer, name, dim, multiple, needs, fix, tp)
 
     if gpu.sm == 90:
-        for name, dim in (("hidden size", hidden), ("intermediate size", intermediate)):
-            if dim % 128:
-                raise Mxfp8ConfigError(
-                    f"{layer}: {name} {dim} is not a multiple of 128, which Hopper block-FP8 MoE kernels "
-                    f"need on {gpu.label}; keep this MoE layer BF16 (modules_to_not_convert)"
-                )
         if flag == "flashinfer_cutlass":
             return Choice(HOPPER_FLASHINFER_CUTLASS_MOE, "flag flashinfer_cutlass on SM90: cutlass_fused_moe DeepSeek FP8 block-scale, 128x128 scales, [up; gate] order")
         return Choice(HOPPER_TRITON_MOE, f"flag {flag} on SM90: SGLang's Triton fused MoE, block FP8 128x128 after lossless scale conversion")

@@ -132,3 +132,27 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(moe_hopper.MOE_GEMV_ENV, "0")
     assert cli(wide) == 0
     assert not [s for s in capsys.readouterr().out.splitlines() if "GEMV" in s]
+
+
+@pytest.mark.parametrize("tp,intermediate", [(4, 192), (8, 96)])
+def test_a_tensor_parallel_split_hopper_kernels_cannot_hold_names_the_splits_that_work(tp, intermediate, monkeypatch):
+    """Qwen3-30B-A3B's experts (intermediate 768) at --tp 4 / 8 on an H200: SGLang's FusedMoE hands our MoE method
+    768 / tp rows per rank; the load fails in one line naming the splits whose share is a multiple of 128 and
+    expert parallelism, instead of advising to keep the layer BF16."""
+    import sglang.srt.layers.quantization.fp8  # noqa: F401 - SGLang's module first: its patch imports quant_methods
+
+    from sglang_mxfp8 import quant_methods as qm
+    from sglang_mxfp8.cli import KNOWN_GPUS
+    from sglang_mxfp8.resolver import GpuSpec, Mxfp8ConfigError
+
+    monkeypatch.setattr(qm, "current_gpu", lambda: GpuSpec(*KNOWN_GPUS["h200"]))
+    method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
+                                                          "weight_block_size": [1, 32]}), "model.layers.0.mlp.experts")
+    layer = torch.nn.Module()
+    layer.moe_tp_size = tp
+    with pytest.raises(Mxfp8ConfigError) as e:
+        method.create_weights(layer, 128, 2048, intermediate, torch.bfloat16)
+    assert str(e.value) == (
+        f"model.layers.0.mlp.experts: intermediate size 768 split {tp} ways by tensor parallelism (--tp / --ep-size) "
+        f"leaves {intermediate} per rank, not a multiple of 128, which Hopper block-FP8 MoE kernels need on NVIDIA H200 "
+        "(SM90); serve with --tp / --ep-size = 1, 2, 3 or 6 (--ep-size equal to --tp keeps each expert whole on its rank)")

@@ -109,5 +109,24 @@ def test_moe_errors(gpu, flag, match):
 
 
 def test_hopper_triton_moe_needs_128_multiples():
-    with pytest.raises(r.Mxfp8ConfigError, match="experts: intermediate size 96"):
+    with pytest.raises(r.Mxfp8ConfigError, match=r"experts: intermediate size 96 is not a multiple of 128, .*; keep "
+                                                 r"this MoE layer BF16 \(modules_to_not_convert\)$"):
         r.resolve_moe(H200, "auto", flashinfer=True, hidden=2048, intermediate=96)
+    # a share of a tensor-parallel split: which splits would work
+    with pytest.raises(r.Mxfp8ConfigError, match=r"intermediate size 768 split 4 ways .* leaves 192 per rank, not a "
+                                                 r"multiple of 128, .*--tp / --ep-size = 1, 2, 3 or 6 "):
+        r.resolve_moe(H200, "auto", flashinfer=True, hidden=2048, intermediate=192, tp=4)
+    # no split helps a size that is not a multiple of 128 whole
+    with pytest.raises(r.Mxfp8ConfigError, match=r"intermediate size 96, 48 per rank, is not a multiple of 128, .*"
+                                                 r"keep this MoE layer BF16"):
+        r.resolve_moe(H200, "auto", flashinfer=True, hidden=2048, intermediate=48, tp=2)
+    assert r.resolve_moe(H200, "auto", flashinfer=True, hidden=2048, intermediate=128, tp=6).kernel == r.HOPPER_TRITON_MOE
+
+
+def test_mxfp8_moe_needs_32_multiples_per_rank():
+    with pytest.raises(r.Mxfp8ConfigError, match=r"intermediate size 768 split 16 ways .* leaves 48 per rank, not a "
+                                                 r"multiple of 32, the MXFP8 scale block; .* = 1, 2, 3, 4, 6, 8 or 12 "):
+        r.resolve_moe(B200, "auto", flashinfer=True, hidden=2048, intermediate=48, tp=16)
+    with pytest.raises(r.Mxfp8ConfigError, match=r"hidden size 2050 is not a multiple of 32, the MXFP8 scale block; "
+                                                 r"MXFP8 MoE cannot hold it on NVIDIA B200"):
+        r.resolve_moe(B200, "auto", flashinfer=True, hidden=2050, intermediate=768, tp=2)
