@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from collections import OrderedDict
@@ -86,6 +87,28 @@ def served_dense_layers(dense: Dict[str, Tuple[int, int, int]]) -> "OrderedDict[
     return OrderedDict((name, tuple(v)) for name, v in served.items())
 
 
+def per_rank(name: str, n: int, k: int, tp: int, config: dict) -> Tuple[int, int]:
+    """(N, K) of one tensor-parallel rank's shard of a served dense layer, as SGLang's parallel linears split it:
+    q/k/v by heads (key/value heads replicated when there are fewer than ranks), gate/up by rows, o and down by
+    columns; a layer of another name whole."""
+    leaf = name.rsplit(".", 1)[1]
+    if tp == 1 or leaf not in ("qkv_proj", "gate_up_proj", "o_proj", "down_proj"):
+        return n, k
+    if leaf == "qkv_proj":
+        heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+        if heads % tp:
+            raise resolver.Mxfp8ConfigError(f"{name}: --tp {tp} does not divide {heads} attention heads (SGLang refuses it too)")
+        if kv_heads % tp if kv_heads >= tp else tp % kv_heads:
+            raise resolver.Mxfp8ConfigError(f"{name}: neither of --tp {tp} and {kv_heads} key/value heads divides the "
+                                            "other (SGLang refuses it too)")
+        return (heads // tp + 2 * max(1, kv_heads // tp)) * head_dim, k
+    split, whole = (n, k) if leaf == "gate_up_proj" else (k, n)
+    if split % tp:
+        raise resolver.Mxfp8ConfigError(f"{name}: --tp {tp} does not divide {split} (SGLang refuses it too)")
+    return (split // tp, k) if leaf == "gate_up_proj" else (n, split // tp)
+
+
 def dense_extras(choice: resolver.Choice, n: int, k: int) -> str:
     """What else a Hopper dense layer runs beside its kernel, each with its switch."""
     from .dense import backend_class, cublas_prefill_min_tokens, dense_gemv_enabled, weight_only_max_m
@@ -142,26 +165,43 @@ def doctor(args) -> int:
             experts[kind] = (n, k)
         else:
             dense[kind] = (n, k, count)
+    config = json.loads((ckpt / "config.json").read_text())
+    config = config.get("text_config") or config
+    tp, ep = args.tp, args.ep_size
+    if tp % ep:
+        print(f"--ep-size {ep} does not divide --tp {tp}; SGLang's expert parallelism splits the tensor-parallel ranks")
+        return 1
+    if tp > 1:
+        print(f"  at --tp {tp}" + (f" --ep-size {ep}" if ep > 1 else "") + ": kernels chosen on one rank's shard")
     for name, (n, k, count, parts) in served_dense_layers(dense).items():
         fused = f" ({' + '.join(sorted(parts, key=list(FUSED_AS_SERVED).index))})" if len(parts) > 1 else ""
         try:
-            choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=n, k=k, layer=name)
-            print(f"  dense {name} [{n} x {k}] x{count}{fused}: {choice}{dense_extras(choice, n, k)}")
+            rn, rk = per_rank(name, n, k, tp, config)
+            rank = f", [{rn} x {rk}] per rank" if (rn, rk) != (n, k) else ""
+            choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=rn, k=rk, layer=name)
+            print(f"  dense {name} [{n} x {k}] x{count}{fused}{rank}: {choice}{dense_extras(choice, rn, rk)}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  dense {name}{fused}: ERROR {e}")
             status = 1
     if experts:
         hidden = next(k for kind, (n, k) in experts.items() if not kind.endswith("down_proj"))
         inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))
+        moe_tp = tp // ep  # SGLang: experts split ep ways, each expert's rows tp / ep ways
+        per = f", {inter // moe_tp} per rank" if moe_tp > 1 else ""
         try:
-            choice = resolver.resolve_moe(gpu, args.moe_runner_backend, flashinfer=fi, hidden=hidden, intermediate=inter)
+            if inter % moe_tp:
+                raise resolver.Mxfp8ConfigError(f"--tp / --ep-size {moe_tp} does not divide the experts' intermediate "
+                                                f"size {inter} (SGLang refuses it too)")
+            choice = resolver.resolve_moe(gpu, args.moe_runner_backend, flashinfer=fi, hidden=hidden,
+                                          intermediate=inter // moe_tp, tp=moe_tp)
             extra, prefill_tokens = "", cutlass_prefill_min_tokens()
-            if choice.kernel == resolver.HOPPER_TRITON_MOE:
+            if choice.kernel == resolver.HOPPER_TRITON_MOE and ep == 1:  # neither runs with expert parallelism
                 if prefill_tokens:
                     extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
-                if gemv_moe_runs(hidden, inter):
+                if gemv_moe_runs(hidden, inter // moe_tp):
                     extra += MOE_GEMV
-            print(f"  MoE experts (hidden {hidden}, intermediate {inter}): {choice}{extra}")
+            experts_per = f", experts split {ep} ways" if ep > 1 else ""
+            print(f"  MoE experts (hidden {hidden}, intermediate {inter}{per}{experts_per}): {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  MoE experts: ERROR {e}")
             status = 1
@@ -279,6 +319,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.set_defaults(func=func)
     sub.choices["doctor"].add_argument("--model", help="MXFP8 checkpoint folder")
     sub.choices["doctor"].add_argument("--gpu", help=f"pretend GPU: {', '.join(KNOWN_GPUS)}")
+    sub.choices["doctor"].add_argument("--tp", type=int, default=1, help="tensor-parallel size: each rank's shapes")
+    sub.choices["doctor"].add_argument("--ep-size", type=int, default=1, help="expert-parallel size (divides --tp)")
     sub.choices["demo"].add_argument("--workdir", help="where to write the checkpoints (default: a temp dir)")
     sub.choices["demo"].add_argument("--port", type=int, default=30123)
     args = ap.parse_args(argv)

@@ -156,3 +156,38 @@ def test_a_tensor_parallel_split_hopper_kernels_cannot_hold_names_the_splits_tha
         f"model.layers.0.mlp.experts: intermediate size 768 split {tp} ways by tensor parallelism (--tp / --ep-size) "
         f"leaves {intermediate} per rank, not a multiple of 128, which Hopper block-FP8 MoE kernels need on NVIDIA H200 "
         "(SM90); serve with --tp / --ep-size = 1, 2, 3 or 6 (--ep-size equal to --tp keeps each expert whole on its rank)")
+
+
+def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, monkeypatch):
+    """doctor --tp / --ep-size: each served layer's rank shard as SGLang's parallel linears cut it (q/k/v by heads,
+    key/value heads replicated past their count), the kernels chosen on it, and the MoE per rank."""
+    monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
+    cli, doctor = _doctor_on_tiny_model(tmp_path, hidden=2048, moe_intermediate=768, experts=2, layers=1,
+                                        heads=32, kv_heads=4, head_dim=128)
+
+    def run(*flags):
+        status = cli(doctor + list(flags))
+        lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith(("  dense", "  MoE", "--ep"))]
+        return status, lines
+
+    status, (qkv, o, moe) = run("--tp", "4")
+    assert status == 1
+    assert "qkv_proj [5120 x 2048] x1 (q_proj + k_proj + v_proj), [1280 x 2048] per rank: hopper_flashinfer_blockscale" in qkv
+    assert "o_proj [2048 x 4096] x1, [2048 x 1024] per rank: hopper_flashinfer_blockscale" in o
+    assert moe.startswith("  MoE experts: ERROR ") and "leaves 192 per rank" in moe and "= 1, 2, 3 or 6 " in moe
+    status, (qkv, o, moe) = run("--tp", "8")  # 4 key/value heads on 8 ranks: one per rank, replicated
+    assert status == 1 and "[768 x 2048] per rank" in qkv and "[2048 x 512] per rank" in o and "leaves 96 per rank" in moe
+    status, (qkv, o, moe) = run("--tp", "4", "--ep-size", "4")  # whole experts: neither CUTLASS prefill nor GEMV
+    assert status == 0 and "[1280 x 2048] per rank" in qkv
+    assert moe.endswith("(hidden 2048, intermediate 768, experts split 4 ways): hopper_triton_moe (flag triton on SM90: "
+                        "SGLang's Triton fused MoE, block FP8 128x128 after lossless scale conversion)")
+    status, (qkv, o, moe) = run("--tp", "2")
+    assert status == 0 and "[2560 x 2048] per rank" in qkv and "[2048 x 2048] per rank" in o
+    assert "(hidden 2048, intermediate 768, 384 per rank): hopper_triton_moe" in moe
+    assert moe.endswith("; batches of 2048+ tokens on SGLang's CUTLASS grouped MoE")  # no GEMV MoE: not its shape
+    status, (qkv, o, moe) = run("--tp", "3")
+    assert status == 1 and qkv.endswith("ERROR model.layers.N.self_attn.qkv_proj: --tp 3 does not divide 32 attention "
+                                        "heads (SGLang refuses it too)")
+    assert o.endswith("--tp 3 does not divide 4096 (SGLang refuses it too)") and "256 per rank" in moe
+    assert run("--tp", "4", "--ep-size", "3") == (1, ["--ep-size 3 does not divide --tp 4; SGLang's expert "
+                                                     "parallelism splits the tensor-parallel ranks"])
