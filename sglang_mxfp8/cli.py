@@ -128,9 +128,32 @@ def dense_extras(choice: resolver.Choice, n: int, k: int) -> str:
     return extra
 
 
+def moe_report(gpu, flag: str, fi: bool, experts: Dict[str, Tuple[int, int]], tp: int, ep: int) -> Tuple[str, bool]:
+    """Doctor's MoE line for a checkpoint's experts {kind: (N, K)} at --tp / --ep-size, and whether it can run."""
+    from .moe_hopper import cutlass_prefill_min_tokens, gemv_moe_runs
+
+    hidden = next(k for kind, (n, k) in experts.items() if not kind.endswith("down_proj"))
+    inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))
+    moe_tp = tp // ep  # SGLang: experts split ep ways, each expert's rows tp / ep ways
+    try:
+        if inter % moe_tp:
+            raise resolver.Mxfp8ConfigError(f"--tp / --ep-size {moe_tp} does not divide the experts' intermediate "
+                                            f"size {inter} (SGLang refuses it too)")
+        choice = resolver.resolve_moe(gpu, flag, flashinfer=fi, hidden=hidden, intermediate=inter // moe_tp, tp=moe_tp)
+    except resolver.Mxfp8ConfigError as e:
+        return f"  MoE experts: ERROR {e}", False
+    extra, prefill_tokens = "", cutlass_prefill_min_tokens()
+    if choice.kernel == resolver.HOPPER_TRITON_MOE and ep == 1:  # neither runs with expert parallelism
+        if prefill_tokens:
+            extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
+        if gemv_moe_runs(hidden, inter // moe_tp):
+            extra += MOE_GEMV
+    split = (f", {inter // moe_tp} per rank" if moe_tp > 1 else "") + (f", experts split {ep} ways" if ep > 1 else "")
+    return f"  MoE experts (hidden {hidden}, intermediate {inter}{split}): {choice}{extra}", True
+
+
 def doctor(args) -> int:
     from .gpu import flashinfer_available
-    from .moe_hopper import cutlass_prefill_min_tokens, gemv_moe_runs
 
     gpu = _gpu(args.gpu)
     fi = flashinfer_available()
@@ -184,27 +207,9 @@ def doctor(args) -> int:
             print(f"  dense {name}{fused}: ERROR {e}")
             status = 1
     if experts:
-        hidden = next(k for kind, (n, k) in experts.items() if not kind.endswith("down_proj"))
-        inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))
-        moe_tp = tp // ep  # SGLang: experts split ep ways, each expert's rows tp / ep ways
-        per = f", {inter // moe_tp} per rank" if moe_tp > 1 else ""
-        try:
-            if inter % moe_tp:
-                raise resolver.Mxfp8ConfigError(f"--tp / --ep-size {moe_tp} does not divide the experts' intermediate "
-                                                f"size {inter} (SGLang refuses it too)")
-            choice = resolver.resolve_moe(gpu, args.moe_runner_backend, flashinfer=fi, hidden=hidden,
-                                          intermediate=inter // moe_tp, tp=moe_tp)
-            extra, prefill_tokens = "", cutlass_prefill_min_tokens()
-            if choice.kernel == resolver.HOPPER_TRITON_MOE and ep == 1:  # neither runs with expert parallelism
-                if prefill_tokens:
-                    extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
-                if gemv_moe_runs(hidden, inter // moe_tp):
-                    extra += MOE_GEMV
-            experts_per = f", experts split {ep} ways" if ep > 1 else ""
-            print(f"  MoE experts (hidden {hidden}, intermediate {inter}{per}{experts_per}): {choice}{extra}")
-        except resolver.Mxfp8ConfigError as e:
-            print(f"  MoE experts: ERROR {e}")
-            status = 1
+        line, ok = moe_report(gpu, args.moe_runner_backend, fi, experts, tp, ep)
+        print(line)
+        status = status if ok else 1
     return status
 
 
