@@ -103,7 +103,7 @@ def per_rank(name: str, n: int, k: int, tp: int, config: dict) -> Tuple[int, int
             raise resolver.Mxfp8ConfigError(f"{name}: neither of --tp {tp} and {kv_heads} key/value heads divides the "
                                             "other (SGLang refuses it too)")
         return (heads // tp + 2 * max(1, kv_heads // tp)) * head_dim, k
-    split, whole = (n, k) if leaf == "gate_up_proj" else (k, n)
+    split = n if leaf == "gate_up_proj" else k
     if split % tp:
         raise resolver.Mxfp8ConfigError(f"{name}: --tp {tp} does not divide {split} (SGLang refuses it too)")
     return (split // tp, k) if leaf == "gate_up_proj" else (n, split // tp)
