@@ -108,25 +108,23 @@ def test_moe_errors(gpu, flag, match):
         r.resolve_moe(gpu, flag, flashinfer=True, hidden=2048, intermediate=768)
 
 
-def test_hopper_triton_moe_needs_128_multiples():
-    with pytest.raises(r.Mxfp8ConfigError, match=r"experts: intermediate size 96 is not a multiple of 128, .*; keep "
-                                                 r"this MoE layer BF16 \(modules_to_not_convert\)$"):
-        r.resolve_moe(H200, "auto", flashinfer=True, hidden=2048, intermediate=96)
-    # a share of a tensor-parallel split: which splits would work
-    with pytest.raises(r.Mxfp8ConfigError, match=r"intermediate size 768 split 4 ways .* leaves 192 per rank, not a "
-                                                 r"multiple of 128, .*--tp / --ep-size = 1, 2, 3 or 6 "):
-        r.resolve_moe(H200, "auto", flashinfer=True, hidden=2048, intermediate=192, tp=4)
+@pytest.mark.parametrize("gpu,hidden,intermediate,tp,match", [
+    (H200, 2048, 96, 1, r"experts: intermediate size 96 is not a multiple of 128, .*; keep this MoE layer BF16 "
+                        r"\(modules_to_not_convert\)$"),
+    # a tensor-parallel share: the splits that would work
+    (H200, 2048, 192, 4, r"intermediate size 768 split 4 ways .* leaves 192 per rank, not a multiple of 128, "
+                         r".*--tp / --ep-size = 1, 2, 3 or 6 "),
     # no split helps a size that is not a multiple of 128 whole
-    with pytest.raises(r.Mxfp8ConfigError, match=r"intermediate size 96, 48 per rank, is not a multiple of 128, .*"
-                                                 r"keep this MoE layer BF16"):
-        r.resolve_moe(H200, "auto", flashinfer=True, hidden=2048, intermediate=48, tp=2)
+    (H200, 2048, 48, 2, r"intermediate size 96, 48 per rank, is not a multiple of 128, .*keep this MoE layer BF16"),
+    (B200, 2048, 48, 16, r"intermediate size 768 split 16 ways .* leaves 48 per rank, not a multiple of 32, the MXFP8 "
+                         r"scale block; .* = 1, 2, 3, 4, 6, 8 or 12 "),
+    (B200, 2050, 768, 2, r"hidden size 2050 is not a multiple of 32, the MXFP8 scale block; MXFP8 MoE cannot hold it "
+                         r"on NVIDIA B200"),
+])
+def test_moe_sizes_the_kernels_cannot_hold(gpu, hidden, intermediate, tp, match):
+    with pytest.raises(r.Mxfp8ConfigError, match=match):
+        r.resolve_moe(gpu, "auto", flashinfer=True, hidden=hidden, intermediate=intermediate, tp=tp)
+
+
+def test_a_hopper_moe_share_of_128_rows_runs():
     assert r.resolve_moe(H200, "auto", flashinfer=True, hidden=2048, intermediate=128, tp=6).kernel == r.HOPPER_TRITON_MOE
-
-
-def test_mxfp8_moe_needs_32_multiples_per_rank():
-    with pytest.raises(r.Mxfp8ConfigError, match=r"intermediate size 768 split 16 ways .* leaves 48 per rank, not a "
-                                                 r"multiple of 32, the MXFP8 scale block; .* = 1, 2, 3, 4, 6, 8 or 12 "):
-        r.resolve_moe(B200, "auto", flashinfer=True, hidden=2048, intermediate=48, tp=16)
-    with pytest.raises(r.Mxfp8ConfigError, match=r"hidden size 2050 is not a multiple of 32, the MXFP8 scale block; "
-                                                 r"MXFP8 MoE cannot hold it on NVIDIA B200"):
-        r.resolve_moe(B200, "auto", flashinfer=True, hidden=2050, intermediate=768, tp=2)
