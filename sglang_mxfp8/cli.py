@@ -303,6 +303,13 @@ def demo(args) -> int:
     return 0
 
 
+def _parallel_size(text: str) -> int:
+    """argparse type of --tp / --ep-size: a GPU count, 1 or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GPUs (1 or more)")
+    return int(text)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="sglang-mxfp8", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -324,8 +331,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.set_defaults(func=func)
     sub.choices["doctor"].add_argument("--model", help="MXFP8 checkpoint folder")
     sub.choices["doctor"].add_argument("--gpu", help=f"pretend GPU: {', '.join(KNOWN_GPUS)}")
-    sub.choices["doctor"].add_argument("--tp", type=int, default=1, help="tensor-parallel size: each rank's shapes")
-    sub.choices["doctor"].add_argument("--ep-size", type=int, default=1, help="expert-parallel size (divides --tp)")
+    sub.choices["doctor"].add_argument("--tp", type=_parallel_size, default=1, help="tensor-parallel size: each rank's shapes")
+    sub.choices["doctor"].add_argument("--ep-size", type=_parallel_size, default=1, help="expert-parallel size (divides --tp)")
     sub.choices["demo"].add_argument("--workdir", help="where to write the checkpoints (default: a temp dir)")
     sub.choices["demo"].add_argument("--port", type=int, default=30123)
     args = ap.parse_args(argv)

@@ -191,3 +191,7 @@ def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, monkeypatc
     assert o.endswith("--tp 3 does not divide 4096 (SGLang refuses it too)") and "256 per rank" in moe
     assert run("--tp", "4", "--ep-size", "3") == (1, ["--ep-size 3 does not divide --tp 4; SGLang's expert "
                                                      "parallelism splits the tensor-parallel ranks"])
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit) as e:
+            cli(doctor + ["--tp", bad])
+        assert e.value.code == 2 and f"argument --tp: {bad!r} is not a number of GPUs (1 or more)" in capsys.readouterr().err
