@@ -26,22 +26,28 @@ FP8_MAX = 448.0
 
 
 @triton.jit
+def _e4m3_groups(x):
+    """x [R, 128] float32 -> (e4m3 [R, 128], float32 scale per row: amax / 448). A row holding a NaN gets a NaN
+    scale (its maximum alone would skip it), so the token's output comes out NaN."""
+    amax = tl.max(tl.abs(x), axis=1)
+    has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
+    scale = tl.where(has_nan, float("nan"), tl.maximum(amax / 448.0, 1e-12))
+    return tl.clamp(x / scale[:, None], -448.0, 448.0).to(tl.float8e4nv), scale
+
+
+@triton.jit
 def _quant_act_kernel(x_ptr, q_ptr, s_ptr, M, M_OUT, K, stride_xm, stride_qm, stride_sm, stride_sk,
                       ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """Rows M..M_OUT (padding for a consumer that wants whole row groups) get zeros and the floor scale. A group
-    holding a NaN gets a NaN scale (the row maximum alone would skip it), so the token's output row is NaN."""
+    """Rows M..M_OUT (padding for a consumer that wants whole row groups) get zeros and the floor scale."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     g = tl.program_id(1)
     cols = g * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols[None, :] < K
     x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=(rows < M)[:, None] & col_ok,
                 other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
-    scale = tl.where(has_nan, float("nan"), tl.maximum(amax / 448.0, 1e-12))
-    q = tl.clamp(x / scale[:, None], -448.0, 448.0)
+    q, scale = _e4m3_groups(x)
     out_ok = rows < M_OUT
-    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q.to(tl.float8e4nv), mask=out_ok[:, None] & col_ok)
+    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], q, mask=out_ok[:, None] & col_ok)
     tl.store(s_ptr + rows * stride_sm + g * stride_sk, scale, mask=out_ok)
 
 
@@ -447,3 +453,116 @@ def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_confi
         SLOTS=triton.next_power_of_2(top_k), **down_cfg,
     )
     return y
+
+
+# The glue around a grouped GEMM that takes each expert's token rows contiguously (DeepGEMM's "contiguous"
+# layout, moe_hopper.DeepGemmGroupedMoE): rows sorted by expert, each expert's segment starting at a multiple of
+# 128 rows; activation scales M-major (stride (1, rows)), as DeepGEMM's Hopper kernel reads them.
+SCATTER_CHUNK = 8  # 128-column groups per step of the scatter kernel's K loop
+
+
+@triton.jit
+def _moe_scatter_quant_kernel(x_ptr, ids_ptr, next_row_ptr, q_ptr, s_ptr, slot_ptr, K, stride_xm, stride_qm,
+                              stride_sk, TOP_K: tl.constexpr, SLOTS: tl.constexpr, CHUNK: tl.constexpr,
+                              BLOCK: tl.constexpr):
+    """Token t quantized 1x128 and written to one row of each of its experts' segments. The rows are claimed with
+    one atomic add per slot on the expert's next free row, all slots at once; slot_ptr[t, k] keeps the row."""
+    t = tl.program_id(0)
+    k = tl.arange(0, SLOTS)
+    k_ok = k < TOP_K
+    experts = tl.load(ids_ptr + t * TOP_K + k, mask=k_ok, other=0)
+    rows = tl.atomic_add(next_row_ptr + experts, 1, mask=k_ok)
+    tl.store(slot_ptr + t * TOP_K + k, rows, mask=k_ok)
+    rows = rows.to(tl.int64)
+    for c0 in range(0, K, CHUNK * BLOCK):
+        g = c0 // BLOCK + tl.arange(0, CHUNK)
+        cols = g[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+        x = tl.load(x_ptr + t * stride_xm + cols, mask=cols < K, other=0.0).to(tl.float32)
+        q, scale = _e4m3_groups(x)
+        tl.store(q_ptr + rows[:, None, None] * stride_qm + cols[None, :, :], q[None, :, :],
+                 mask=k_ok[:, None, None] & (cols < K)[None, :, :])
+        tl.store(s_ptr + rows[:, None] + g[None, :] * stride_sk, scale[None, :],
+                 mask=k_ok[:, None] & (g * BLOCK < K)[None, :])
+
+
+def moe_scatter_quant(x, topk_ids, segment_starts, rows: int):
+    """x [M, K] bf16 (K a multiple of 128), topk_ids [M, top_k] int32 (every id a valid expert), segment_starts
+    [E] int32 (each expert's first row) -> (e4m3 [rows, K], float32 scales [rows, K / 128] M-major, slot rows
+    [M, top_k] int32: where each token slot went). Rows no slot claims are left as they were."""
+    m, k = x.shape
+    top_k = topk_ids.shape[1]
+    q = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((k // GROUP_K, rows), dtype=torch.float32, device=x.device).t()
+    slots = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
+    if m:
+        _moe_scatter_quant_kernel[(m,)](
+            x, topk_ids.contiguous(), segment_starts.clone(), q, s, slots, k, x.stride(0), q.stride(0), s.stride(1),
+            TOP_K=top_k, SLOTS=triton.next_power_of_2(top_k), CHUNK=SCATTER_CHUNK, BLOCK=GROUP_K, num_warps=8,
+        )
+    return q, s, slots
+
+
+@triton.jit
+def _silu_mul_quant_kernel(h_ptr, q_ptr, s_ptr, used_ptr, I, stride_h, stride_q, stride_sk,
+                           ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """silu(gate) * up for [ROWS] rows x one 128-column group, rounded to the activation dtype (what a separate
+    SiLU-and-mul would write), then quantized 1x128. Rows at or past *used_ptr are skipped."""
+    first = tl.program_id(0) * ROWS
+    if first >= tl.load(used_ptr):
+        return
+    rows = (first + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    gate = tl.load(h_ptr + rows[:, None] * stride_h + cols[None, :])
+    up = tl.load(h_ptr + rows[:, None] * stride_h + I + cols[None, :])
+    g32 = gate.to(tl.float32)
+    a = (g32 / (1.0 + tl.exp(-g32)) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+    q, scale = _e4m3_groups(a)
+    tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q)
+    tl.store(s_ptr + rows + tl.program_id(1) * stride_sk, scale)
+
+
+SILU_ROWS = 16
+
+
+def silu_mul_quant(h, rows_used):
+    """h [R, 2I] ([gate | up], R a multiple of 16, I of 128) -> (e4m3 [R, I], float32 scales [R, I / 128] M-major)
+    of silu(gate) * up; rows_used [1] int32 on the device: rows from there on are not computed."""
+    r, inter = h.shape[0], h.shape[1] // 2
+    q = torch.empty((r, inter), dtype=torch.float8_e4m3fn, device=h.device)
+    s = torch.empty((inter // GROUP_K, r), dtype=torch.float32, device=h.device).t()
+    _silu_mul_quant_kernel[(r // SILU_ROWS, inter // GROUP_K)](
+        h, q, s, rows_used, inter, h.stride(0), q.stride(0), s.stride(1), ROWS=SILU_ROWS, BLOCK=GROUP_K, num_warps=4,
+    )
+    return q, s
+
+
+@triton.jit
+def _moe_gather_kernel(y_ptr, slot_ptr, tw_ptr, out_ptr, N, stride_y, stride_o, TOP_K: tl.constexpr,
+                       SLOTS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[t, cols] = sum over k of topk_weights[t, k] * y[slot row of (t, k), cols], in float32."""
+    t = tl.program_id(0)
+    k = tl.arange(0, SLOTS)
+    k_ok = k < TOP_K
+    rows = tl.load(slot_ptr + t * TOP_K + k, mask=k_ok, other=0).to(tl.int64)
+    w = tl.load(tw_ptr + t * TOP_K + k, mask=k_ok, other=0.0).to(tl.float32)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    v = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=k_ok[:, None] & (cols < N)[None, :], other=0.0)
+    acc = tl.sum(v.to(tl.float32) * w[:, None], axis=0)
+    tl.store(out_ptr + t * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
+GATHER_BLOCK_N = 1024
+
+
+def moe_gather(y, slots, topk_weights):
+    """y [R, N] (each token slot's expert output at its slot row), slots [M, top_k], topk_weights [M, top_k]
+    -> [M, N] in y's dtype: the routing-weighted sum of each token's slots."""
+    m, top_k = slots.shape
+    n = y.shape[1]
+    out = torch.empty((m, n), dtype=y.dtype, device=y.device)
+    if m:
+        _moe_gather_kernel[(m, triton.cdiv(n, GATHER_BLOCK_N))](
+            y, slots, topk_weights.contiguous(), out, n, y.stride(0), out.stride(0), TOP_K=top_k,
+            SLOTS=triton.next_power_of_2(top_k), BLOCK_N=GATHER_BLOCK_N, num_warps=4,
+        )
+    return out

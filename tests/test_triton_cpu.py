@@ -210,3 +210,58 @@ def test_interpreted_gemv_kernels_match_float64_reference():
     p = run_python(GEMV, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert float(p.stdout.split()[-1]) < 1e-5  # exact weights, fp32 operands and accumulation
+
+
+GROUPED_GLUE = r"""
+import torch
+import torch.nn.functional as F
+from sglang_mxfp8 import triton_hopper as th
+from sglang_mxfp8.numerics import quantize_activation_1x128
+torch.manual_seed(3)
+experts, top_k = 6, 3
+for m, k in [(1, 128), (5, 256), (9, 1152)]:  # 1152: nine 128-groups, a second K step with one group in it
+    x = (torch.randn(m, k) * torch.logspace(-2, 2, k)).to(torch.bfloat16)
+    x[-1, 7] = float("nan")
+    ids = torch.stack([torch.randperm(experts)[:top_k] for _ in range(m)]).int()
+    counts = torch.bincount(ids.flatten().long(), minlength=experts).int()
+    padded = (counts + 127) // 128 * 128
+    starts = (torch.cumsum(padded, 0) - padded).int()
+    rows = int(padded.sum()) + 128
+    q, s, slots = th.moe_scatter_quant(x, ids, starts, rows)
+    q_tok, s_tok = th.quantize_act_1x128(x)  # the interpreter's e4m3 cast on both sides
+    assert torch.equal(s_tok.isnan(), quantize_activation_1x128(x)[1].isnan())
+    assert s.shape == (rows, k // 128) and s.stride() == (1, rows) and slots.shape == (m, top_k)
+    assert slots.unique().numel() == m * top_k  # no row claimed twice
+    for t in range(m):
+        for j in range(top_k):
+            r, e = int(slots[t, j]), int(ids[t, j])
+            assert starts[e] <= r < starts[e] + counts[e], (m, t, j)  # inside its expert's segment
+            assert torch.equal(q[r].view(torch.uint8), q_tok[t].view(torch.uint8))
+            assert torch.allclose(s[r], s_tok[t], rtol=0, atol=0, equal_nan=True)  # the NaN token's NaN scale too
+    # SiLU-and-mul with the quantizer, rows before rows_used, against SiLU-and-mul in bf16 and the host quantizer's
+    # scales (the interpreter's exp may put a product on the neighbouring bf16 value: scales to 1%); the values
+    # dequantized against the activation (the interpreter's e4m3 cast is not the GPU's: a loose bound, a wrong
+    # row or column gives O(1))
+    inter = 256
+    h = torch.randn(48, 2 * inter).to(torch.bfloat16)
+    a, a_s = th.silu_mul_quant(h, torch.tensor([32], dtype=torch.int32))
+    act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16)[:32].float()
+    assert a_s.stride() == (1, 48)
+    assert torch.allclose(a_s[:32], quantize_activation_1x128(act)[1], rtol=1e-2, atol=0)
+    deq = a[:32].float() * a_s[:32].repeat_interleave(128, 1)
+    assert ((deq - act).norm() / act.norm()).item() < 0.1
+    # the weighted gather against a float64 sum
+    y = torch.randn(rows, 192).to(torch.bfloat16)
+    tw = torch.rand(m, top_k)
+    out = th.moe_gather(y, slots, tw)
+    ref = (y[slots.long()].double() * tw.double()[..., None]).sum(1)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, 192)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3, m
+print("ok")
+"""
+
+
+def test_interpreted_grouped_moe_glue_matches_references():
+    p = run_python(GROUPED_GLUE, {"TRITON_INTERPRET": "1"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split()[-1] == "ok"
