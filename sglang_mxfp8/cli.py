@@ -130,7 +130,7 @@ def dense_extras(choice: resolver.Choice, n: int, k: int) -> str:
 
 def moe_report(gpu, flag: str, fi: bool, experts: Dict[str, Tuple[int, int]], tp: int, ep: int) -> Tuple[str, bool]:
     """Doctor's MoE line for a checkpoint's experts {kind: (N, K)} at --tp / --ep-size, and whether it can run."""
-    from .moe_hopper import cutlass_prefill_min_tokens, gemv_moe_runs
+    from .moe_hopper import gemv_moe_runs, prefill_moe_choice
 
     hidden = next(k for kind, (n, k) in experts.items() if not kind.endswith("down_proj"))
     inter = next(k for kind, (n, k) in experts.items() if kind.endswith("down_proj"))
@@ -142,10 +142,13 @@ def moe_report(gpu, flag: str, fi: bool, experts: Dict[str, Tuple[int, int]], tp
         choice = resolver.resolve_moe(gpu, flag, flashinfer=fi, hidden=hidden, intermediate=inter // moe_tp, tp=moe_tp)
     except resolver.Mxfp8ConfigError as e:
         return f"  MoE experts: ERROR {e}", False
-    extra, prefill_tokens = "", cutlass_prefill_min_tokens()
+    extra = ""
     if choice.kernel == resolver.HOPPER_TRITON_MOE and ep == 1:  # neither runs with expert parallelism
-        if prefill_tokens:
-            extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE"
+        kind, prefill_tokens, why_not_deepgemm = prefill_moe_choice(hidden, inter // moe_tp)
+        if kind == "deepgemm":
+            extra = f"; batches of {prefill_tokens}+ tokens on DeepGEMM's grouped FP8 GEMM"
+        elif prefill_tokens:
+            extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE (not DeepGEMM: {why_not_deepgemm})"
         if gemv_moe_runs(hidden, inter // moe_tp):
             extra += MOE_GEMV
     split = (f", {inter // moe_tp} per rank" if moe_tp > 1 else "") + (f", experts split {ep} ways" if ep > 1 else "")

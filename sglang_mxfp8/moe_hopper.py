@@ -1,6 +1,6 @@
-"""The Hopper MoE path's prefill kernel: SGLang's CUTLASS grouped block-FP8 MoE on the converted weights,
-and which layers and batches take it or the one-token GEMV (the rest run SGLang's Triton fused MoE, set up
-in quant_methods).
+"""The Hopper MoE path's prefill kernels, on the converted weights: DeepGEMM's grouped FP8 GEMM where the
+``deep_gemm`` package is installed, else SGLang's CUTLASS grouped block-FP8 MoE; and which layers and batches
+take them or the one-token GEMV (the rest run SGLang's Triton fused MoE, set up in quant_methods).
 
 SGLang is imported only when the kernel runs, so this module loads before SGLang's own modules do
 (the benchmarks, the tests and ``sglang-mxfp8 doctor`` import it directly).
@@ -8,7 +8,7 @@ SGLang is imported only when the kernel runs, so this module loads before SGLang
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -19,6 +19,12 @@ CUTLASS_PREFILL_ENV = "SGLANG_MXFP8_CUTLASS_PREFILL_MOE"
 # SGLang's CUTLASS grouped block-FP8 MoE vs its Triton fused MoE: 435.9 vs 447.3 us at 2048 tokens, 719.5 vs
 # 769.9 at 4096, 1293.0 vs 1480.3 at 8192; slower at 1024 (303.8 vs 292.2) and below.
 CUTLASS_PREFILL_MIN_TOKENS = 2048
+
+DEEPGEMM_PREFILL_ENV = "SGLANG_MXFP8_DEEPGEMM_PREFILL_MOE"
+# H200, same layer (benchmarks/RESULTS.md, "DeepGEMM's grouped GEMM for the prefill MoE"): DeepGEMM with our glue
+# 284.4 / 351.2 / 516.9 / 852.3 us at 1024 / 2048 / 4096 / 8192 tokens, the CUTLASS grouped MoE 304.8 / 431.1 /
+# 712.2 / 1282.0; at 1024 the Triton fused MoE took 283-292 in earlier runs, about the same.
+DEEPGEMM_PREFILL_MIN_TOKENS = 1024
 
 
 # H200, one token, Qwen3-30B-A3B MoE layer (128 experts, top-8), CUDA-graph GPU time over 16 routings
@@ -40,6 +46,24 @@ def cutlass_prefill_min_tokens() -> int:
     return CUTLASS_PREFILL_MIN_TOKENS if env_switch(CUTLASS_PREFILL_ENV, default=True) else 0
 
 
+def deepgemm_unavailable() -> Optional[str]:
+    """Why DeepGEMM's grouped GEMM cannot take the Hopper MoE's prefill batches here, or None: it is off
+    (SGLANG_MXFP8_DEEPGEMM_PREFILL_MOE=0), ``deep_gemm`` does not import, or its build lacks the per-expert
+    end-row ("psum") layout of the contiguous grouped GEMM or the 128-row alignment this path writes."""
+    if not env_switch(DEEPGEMM_PREFILL_ENV, default=True):
+        return f"{DEEPGEMM_PREFILL_ENV}=0"
+    try:
+        import deep_gemm
+    except Exception as e:  # noqa: BLE001 - not installed, or built for another CUDA: fall back, say why
+        return f"deep_gemm does not import ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    gemm = getattr(deep_gemm, "m_grouped_fp8_gemm_nt_contiguous", None)
+    if gemm is None or "use_psum_layout" not in (gemm.__doc__ or ""):
+        return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no contiguous grouped GEMM with use_psum_layout"
+    if deep_gemm.get_mk_alignment_for_contiguous_layout() != 128:
+        return f"deep_gemm's M alignment is {deep_gemm.get_mk_alignment_for_contiguous_layout()}, not 128"
+    return None
+
+
 def fused_moe_unsupported(config, ep_size: int) -> Optional[str]:
     """Why a MoE layer cannot take our own paths, the CUTLASS grouped prefill MoE and the one-token GEMV (they
     compute SiLU-gated experts, combined with the router weights, on all experts of this rank), or None."""
@@ -54,6 +78,19 @@ def fused_moe_unsupported(config, ep_size: int) -> Optional[str]:
     return None
 
 
+def prefill_moe_choice(hidden: int, intermediate: int) -> Tuple[str, int, Optional[str]]:
+    """For a Hopper MoE layer's prefill batches: (kernel, the smallest batch it takes, 0 for none; why DeepGEMM
+    does not run, or None). "deepgemm" from DEEPGEMM_PREFILL_MIN_TOKENS tokens where it can, else "cutlass" from
+    cutlass_prefill_min_tokens()."""
+    why = None
+    if hidden % 128 or intermediate % 128:
+        why = f"hidden {hidden} / intermediate {intermediate} not multiples of 128"
+    why = why or deepgemm_unavailable()
+    if why is None:
+        return "deepgemm", DEEPGEMM_PREFILL_MIN_TOKENS, None
+    return "cutlass", cutlass_prefill_min_tokens(), why
+
+
 class CutlassGroupedMoE:
     """SGLang's CUTLASS grouped block-FP8 MoE (sgl_kernel ``fp8_blockwise_scaled_grouped_mm``) on the
     converted weights, for prefill batches. It reads transposed views of the FP8 weights and their 128x128
@@ -63,6 +100,7 @@ class CutlassGroupedMoE:
     expert_specialized: both GEMMs through sgl_kernel's SM90 expert-specialized grouped GEMM."""
 
     _scratch: Dict[tuple, Dict[str, torch.Tensor]] = {}
+    activation_dtypes = (torch.bfloat16, torch.float16)
 
     def __init__(self, experts: int, hidden: int, intermediate: int, device, expert_specialized: bool = False):
         self.enable_es = (expert_specialized, expert_specialized)
@@ -87,3 +125,51 @@ class CutlassGroupedMoE:
             x, w13.transpose(1, 2), w2.transpose(1, 2), w13_block_scale.transpose(1, 2), w2_block_scale.transpose(1, 2),
             topk_weights, topk_ids, use_fp8_blockscale=True, enable_es=self.enable_es, **self.scratch,
         )
+
+
+class DeepGemmGroupedMoE:
+    """A prefill batch's MoE on DeepGEMM's grouped FP8 GEMM (contiguous layout; on Hopper its kernel takes 1x128
+    activation and 128x128 weight scales in float32: the converted weights and scales as they are, nothing
+    copied). Our Triton glue (triton_hopper): the tokens quantized and scattered to their experts' row segments
+    in one pass, SiLU-and-mul with the quantizer, and the routing-weighted gather. No host sync: the buffers take
+    the most rows a routing can need (each expert padded to 128), and DeepGEMM gets each expert's end row (its
+    "psum" layout), so it schedules only the rows the routing fills."""
+
+    activation_dtypes = (torch.bfloat16,)  # DeepGEMM writes bf16
+
+    def __init__(self, experts: int, hidden: int, intermediate: int):
+        self.experts, self.hidden = experts, hidden
+
+    def __call__(self, x, topk_weights, topk_ids, w13, w2, w13_block_scale, w2_block_scale, keep=None) -> torch.Tensor:
+        """``keep``: a dict that receives each step as a zero-argument call on this call's operands, for
+        benchmarks/kernels/bench_deepgemm_moe.py to time the steps alone."""
+        import deep_gemm
+
+        from .triton_hopper import moe_gather, moe_scatter_quant, silu_mul_quant
+
+        m, top_k = topk_ids.shape
+        rows = -(-(m * top_k + self.experts * 127) // 128) * 128
+        flat = topk_ids.reshape(-1).long()
+        counts = torch.zeros(self.experts, dtype=torch.int32, device=x.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        padded = (counts + 127) // 128 * 128
+        starts = torch.cumsum(padded, 0, dtype=torch.int32) - padded
+        ends = starts + counts
+        rows_used = padded.sum(dtype=torch.int32).view(1)
+        per_expert = dict(use_psum_layout=True, expected_m_for_psum_layout=-(-m * top_k // self.experts))
+        a, a_scale, slots = moe_scatter_quant(x, topk_ids, starts, rows)
+        h = torch.empty((rows, w13.shape[1]), dtype=x.dtype, device=x.device)
+        up = ((a, a_scale), (w13, w13_block_scale), h, ends)
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*up, **per_expert)
+        a2, a2_scale = silu_mul_quant(h, rows_used)
+        y = torch.empty((rows, self.hidden), dtype=x.dtype, device=x.device)
+        down = ((a2, a2_scale), (w2, w2_block_scale), y, ends)
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*down, **per_expert)
+        if keep is not None:
+            keep.update(rows_used=rows_used, steps=dict(
+                scatter_quantize=lambda: moe_scatter_quant(x, topk_ids, starts, rows),
+                gemm_up=lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*up, **per_expert),
+                silu_quantize=lambda: silu_mul_quant(h, rows_used),
+                gemm_down=lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*down, **per_expert),
+                gather=lambda: moe_gather(y, slots, topk_weights)))
+        return moe_gather(y, slots, topk_weights)

@@ -24,7 +24,7 @@ from . import __version__, checkpoint, resolver
 from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag
 from .gpu import current_gpu, flashinfer_available
 from .blackwell import CutlassMoeScales, cutlass_mxfp8_moe
-from .moe_hopper import CutlassGroupedMoE, cutlass_prefill_min_tokens, fused_moe_unsupported, gemv_moe_runs
+from .moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE, fused_moe_unsupported, gemv_moe_runs, prefill_moe_choice
 from .refit import BlockScaleConverter, LoadTracker
 
 logger = logging.getLogger("sglang_mxfp8")
@@ -38,6 +38,18 @@ def _announce_once() -> None:
         "sglang_mxfp8 %s active in process %s (pid %d)",
         __version__, multiprocessing.current_process().name, os.getpid(),
     )
+
+
+def _note_prefill_once(kind: str, min_tokens: int, why_not_deepgemm: Optional[str]) -> None:
+    """Log which kernel takes the Hopper MoE's prefill batches, once per process."""
+    if getattr(_note_prefill_once, "done", False):
+        return
+    _note_prefill_once.done = True
+    if kind == "deepgemm":
+        logger.info("MoE batches of %d+ tokens: DeepGEMM's grouped FP8 GEMM", min_tokens)
+    else:
+        logger.info("MoE batches of %s: SGLang's CUTLASS grouped MoE; DeepGEMM not used: %s",
+                    f"{min_tokens}+ tokens" if min_tokens else "any size stay on the Triton fused MoE", why_not_deepgemm)
 
 
 def _check_loads(layer) -> None:
@@ -170,7 +182,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         super().__init__(quant_config)
         self.prefix = prefix
         self.choice: Optional[resolver.Choice] = None
-        self.prefill_min_tokens = 0  # batches this large run the CUTLASS grouped MoE (Hopper path; 0: never)
+        self.prefill_min_tokens = 0  # batches this large run layer.mxfp8_prefill (Hopper path; 0: never)
         self.gemv = False  # one-token batches run the GEMV MoE (Hopper path, moe_hopper.gemv_moe_runs)
 
     @property
@@ -199,10 +211,13 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
             return
         layer.mxfp8_w13 = BlockScaleConverter(num_experts, layer.w13_weight.shape[1], hidden_size, 128, dev, f"{self.prefix}.w13")
         layer.mxfp8_w2 = BlockScaleConverter(num_experts, hidden_size, intermediate_size_per_partition, 128, dev, f"{self.prefix}.w2")
-        self.prefill_min_tokens = cutlass_prefill_min_tokens()
+        kind, self.prefill_min_tokens, why_not_deepgemm = prefill_moe_choice(hidden_size, intermediate_size_per_partition)
         self.gemv = gemv_moe_runs(hidden_size, intermediate_size_per_partition)
         if self.prefill_min_tokens:
-            layer.mxfp8_prefill = CutlassGroupedMoE(num_experts, hidden_size, intermediate_size_per_partition, dev)
+            layer.mxfp8_prefill = (DeepGemmGroupedMoE(num_experts, hidden_size, intermediate_size_per_partition)
+                                   if kind == "deepgemm" else
+                                   CutlassGroupedMoE(num_experts, hidden_size, intermediate_size_per_partition, dev))
+        _note_prefill_once(kind, self.prefill_min_tokens, why_not_deepgemm)
 
     def _scale(self, layer, w: str) -> torch.Tensor:
         return getattr(layer, f"{w}_{self.quant_config.scale_name}")
@@ -244,7 +259,8 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
 
             out = moe_gemv(x, layer.w13_weight, layer.mxfp8_w13.block_scale, layer.w2_weight,
                            layer.mxfp8_w2.block_scale, topk_weights, topk_ids)
-        elif self.prefill_min_tokens and x.shape[0] >= self.prefill_min_tokens:
+        elif (self.prefill_min_tokens and x.shape[0] >= self.prefill_min_tokens
+              and x.dtype in layer.mxfp8_prefill.activation_dtypes):
             out = layer.mxfp8_prefill(x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight,
                                       layer.mxfp8_w13.block_scale, layer.mxfp8_w2.block_scale)
         if out is not None:

@@ -1,6 +1,11 @@
-"""Which MoE layers and batches the Hopper MoE path runs on SGLang's CUTLASS grouped MoE or the one-token
-GEMV, the SGLANG_MXFP8_CUTLASS_PREFILL_MOE and SGLANG_MXFP8_MOE_GEMV switches, and the CUTLASS scratch tensors
-(the kernels' numerics and the apply() dispatch itself: tests/gpu)."""
+"""Which MoE layers and batches the Hopper MoE path runs on DeepGEMM's grouped GEMM, SGLang's CUTLASS grouped
+MoE or the one-token GEMV, the SGLANG_MXFP8_DEEPGEMM_PREFILL_MOE, SGLANG_MXFP8_CUTLASS_PREFILL_MOE and
+SGLANG_MXFP8_MOE_GEMV switches, and the CUTLASS scratch tensors (the kernels' numerics and the apply() dispatch
+itself: tests/gpu)."""
+
+import importlib.util
+import sys
+import types
 
 import dataclasses
 
@@ -24,6 +29,46 @@ def test_prefill_batches_take_cutlass_by_default(monkeypatch):
 def test_prefill_switch_off(value, monkeypatch):
     monkeypatch.setenv(moe_hopper.CUTLASS_PREFILL_ENV, value)
     assert moe_hopper.cutlass_prefill_min_tokens() == 0
+
+
+def test_deepgemm_switch_off(monkeypatch):
+    monkeypatch.setenv(moe_hopper.DEEPGEMM_PREFILL_ENV, "0")
+    assert moe_hopper.deepgemm_unavailable() == "SGLANG_MXFP8_DEEPGEMM_PREFILL_MOE=0"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deep_gemm") is not None, reason="deep_gemm is installed here")
+def test_deepgemm_not_installed_is_named(monkeypatch):
+    monkeypatch.delenv(moe_hopper.DEEPGEMM_PREFILL_ENV, raising=False)
+    assert moe_hopper.deepgemm_unavailable() == (
+        "deep_gemm does not import (ModuleNotFoundError: No module named 'deep_gemm')")
+
+
+def test_a_deepgemm_build_without_the_psum_layout_is_refused(monkeypatch):
+    """A DeepGEMM whose contiguous grouped GEMM takes no per-expert end rows (the signature of sgl-deep-gemm 0.0.1's
+    ``m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)``) is named, not called with arguments it refuses."""
+    old = types.ModuleType("deep_gemm")
+    old.__version__ = "0.0.1"
+
+    def m_grouped_fp8_gemm_nt_contiguous(lhs, rhs, out, m_indices):
+        """m_grouped_fp8_gemm_nt_contiguous(arg0: tuple, arg1: tuple, arg2: torch.Tensor, arg3: torch.Tensor) -> None"""
+
+    old.m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous
+    monkeypatch.setitem(sys.modules, "deep_gemm", old)
+    monkeypatch.delenv(moe_hopper.DEEPGEMM_PREFILL_ENV, raising=False)
+    assert moe_hopper.deepgemm_unavailable() == "deep_gemm 0.0.1 has no contiguous grouped GEMM with use_psum_layout"
+
+
+@pytest.mark.parametrize("deepgemm_why,cutlass_on,hidden,expected", [
+    (None, True, 2048, ("deepgemm", 1024, None)),
+    ("not installed", True, 2048, ("cutlass", 2048, "not installed")),
+    ("not installed", False, 2048, ("cutlass", 0, "not installed")),
+    (None, True, 2080, ("cutlass", 2048, "hidden 2080 / intermediate 768 not multiples of 128")),
+])
+def test_prefill_moe_choice(deepgemm_why, cutlass_on, hidden, expected, monkeypatch):
+    """DeepGEMM from 1024 tokens where it can run; else the CUTLASS grouped MoE from 2048 unless switched off."""
+    monkeypatch.setattr(moe_hopper, "deepgemm_unavailable", lambda: deepgemm_why)
+    monkeypatch.setenv(moe_hopper.CUTLASS_PREFILL_ENV, "1" if cutlass_on else "0")
+    assert moe_hopper.prefill_moe_choice(hidden, 768) == expected
 
 
 @pytest.mark.parametrize("change,ep_size,why", [
@@ -67,14 +112,22 @@ def _doctor_on_tiny_model(tmp_path, **dims):
 
 def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch):
     cli, doctor = _doctor_on_tiny_model(tmp_path)
+
+    def moe_line():
+        assert cli(doctor) == 0
+        line = next(s for s in capsys.readouterr().out.splitlines() if "MoE experts" in s)
+        assert line.startswith("  MoE experts (hidden 256, intermediate 128): hopper_triton_moe")
+        return line
+
     monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
-    assert cli(doctor) == 0
-    line = next(s for s in capsys.readouterr().out.splitlines() if "MoE experts" in s)
-    assert line.startswith("  MoE experts (hidden 256, intermediate 128): hopper_triton_moe")
-    assert line.endswith("; batches of 2048+ tokens on SGLang's CUTLASS grouped MoE")
+    monkeypatch.setenv(moe_hopper.DEEPGEMM_PREFILL_ENV, "0")
+    assert moe_line().endswith("; batches of 2048+ tokens on SGLang's CUTLASS grouped MoE "
+                               "(not DeepGEMM: SGLANG_MXFP8_DEEPGEMM_PREFILL_MOE=0)")
+    monkeypatch.setattr(moe_hopper, "deepgemm_unavailable", lambda: None)  # as where deep_gemm imports
+    assert moe_line().endswith("; batches of 1024+ tokens on DeepGEMM's grouped FP8 GEMM")
+    monkeypatch.setattr(moe_hopper, "deepgemm_unavailable", lambda: "not installed")
     monkeypatch.setenv(moe_hopper.CUTLASS_PREFILL_ENV, "0")
-    assert cli(doctor) == 0
-    assert "CUTLASS grouped" not in capsys.readouterr().out
+    assert "grouped" not in moe_line()
 
 
 def test_gemv_moe_runs_on_the_measured_shape_unless_switched_off(monkeypatch):
@@ -162,6 +215,7 @@ def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, monkeypatc
     """doctor --tp / --ep-size: each served layer's rank shard as SGLang's parallel linears cut it (q/k/v by heads,
     key/value heads replicated past their count), the kernels chosen on it, and the MoE per rank."""
     monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
+    monkeypatch.setattr(moe_hopper, "deepgemm_unavailable", lambda: "not installed")
     cli, doctor = _doctor_on_tiny_model(tmp_path, hidden=2048, moe_intermediate=768, experts=2, layers=1,
                                         heads=32, kv_heads=4, head_dim=128)
 
@@ -184,7 +238,7 @@ def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, monkeypatc
     status, (qkv, o, moe) = run("--tp", "2")
     assert status == 0 and "[2560 x 2048] per rank" in qkv and "[2048 x 2048] per rank" in o
     assert "(hidden 2048, intermediate 768, 384 per rank): hopper_triton_moe" in moe
-    assert moe.endswith("; batches of 2048+ tokens on SGLang's CUTLASS grouped MoE")  # no GEMV MoE: not its shape
+    assert moe.endswith("; batches of 2048+ tokens on SGLang's CUTLASS grouped MoE (not DeepGEMM: not installed)")  # no GEMV MoE: not its shape
     status, (qkv, o, moe) = run("--tp", "3")
     assert status == 1 and qkv.endswith("ERROR model.layers.N.self_attn.qkv_proj: --tp 3 does not divide 32 attention "
                                         "heads (SGLang refuses it too)")

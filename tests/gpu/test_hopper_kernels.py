@@ -287,9 +287,54 @@ def test_cutlass_grouped_moe_matches_reference(m):
     assert torch.equal(again[:-1], out[:-1])
 
 
-def test_moe_apply_runs_prefill_batches_on_cutlass():
-    """Mxfp8MoEMethod.apply: batches of prefill_min_tokens or more take the CUTLASS grouped MoE, smaller ones
-    SGLang's Triton fused MoE; both agree with each other to FP8 accuracy."""
+@pytest.mark.parametrize("m", [37, 1024, 2048])
+def test_deepgemm_grouped_moe_matches_reference(m):
+    """The prefill MoE on DeepGEMM's grouped GEMM (psum layout) with our glue vs float32 with 1x128 FP8
+    activations; a NaN in one token makes that token's output NaN and leaves every other token's as it was."""
+    from sglang_mxfp8.moe_hopper import DeepGemmGroupedMoE, deepgemm_unavailable
+
+    why = deepgemm_unavailable()
+    if why:
+        pytest.skip(why)
+    x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m)
+    run = DeepGemmGroupedMoE(w13.shape[0], x.shape[1], w2.shape[2])
+    out = run(x, tw, ids, w13, w2, c13.block_scale, c2.block_scale).float()
+    ref = _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations=True)
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert torch.isfinite(out).all() and rel < 3e-2, rel  # a wrong scale layout, row or expert gives O(1)
+    x[-1, 5] = float("nan")
+    again = run(x, tw, ids, w13, w2, c13.block_scale, c2.block_scale).float()
+    assert torch.equal(again[:-1], out[:-1]) and again[-1].isnan().all()
+
+
+@pytest.mark.parametrize("deepgemm_why", [None, "not installed"])
+def test_create_weights_builds_the_chosen_prefill_moe(deepgemm_why, monkeypatch):
+    """The real MoE method's create_weights: its prefill kernel and batch threshold are what prefill_moe_choice
+    says, with DeepGEMM importable (as the run script sets it up) and without (its check set to say so)."""
+    import sglang.srt.layers.quantization.fp8  # noqa: F401 - SGLang's module first: its patch imports quant_methods
+
+    from sglang_mxfp8 import moe_hopper
+    from sglang_mxfp8 import quant_methods as qm
+
+    if deepgemm_why is None and moe_hopper.deepgemm_unavailable():
+        pytest.skip(moe_hopper.deepgemm_unavailable())
+    if deepgemm_why:
+        monkeypatch.setattr(moe_hopper, "deepgemm_unavailable", lambda: deepgemm_why)
+    monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
+    method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
+                                                          "weight_block_size": [1, 32]}), "model.layers.0.mlp.experts")
+    layer = torch.nn.Module()
+    method.create_weights(layer, 4, 256, 128, torch.bfloat16)
+    if deepgemm_why is None:
+        assert isinstance(layer.mxfp8_prefill, moe_hopper.DeepGemmGroupedMoE) and method.prefill_min_tokens == 1024
+    else:
+        assert isinstance(layer.mxfp8_prefill, moe_hopper.CutlassGroupedMoE) and method.prefill_min_tokens == 2048
+
+
+@pytest.mark.parametrize("kind", ["cutlass", "deepgemm"])
+def test_moe_apply_runs_prefill_batches_on_the_prefill_moe(kind):
+    """Mxfp8MoEMethod.apply: batches of prefill_min_tokens or more take the prefill MoE (CUTLASS grouped or
+    DeepGEMM), smaller ones SGLang's Triton fused MoE; both are within FP8 accuracy of the float32 layer."""
     from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
     from sglang.srt.layers.moe.topk import StandardTopKOutput
@@ -299,20 +344,24 @@ def test_moe_apply_runs_prefill_batches_on_cutlass():
     from sglang_mxfp8 import quant_methods as qm
     from sglang_mxfp8.resolver import HOPPER_TRITON_MOE
 
+    if kind == "deepgemm" and moe_hopper.deepgemm_unavailable():
+        pytest.skip(moe_hopper.deepgemm_unavailable())
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
     x, w13, c13, w2, c2, tw, ids = _moe_case(2048, seed=1)
     e_count, h, inter = w13.shape[0], x.shape[1], w2.shape[2]
     layer = torch.nn.Module()
     layer.w13_weight, layer.w2_weight, layer.mxfp8_w13, layer.mxfp8_w2 = w13, w2, c13, c2
-    layer.mxfp8_prefill, layer.moe_ep_size = moe_hopper.CutlassGroupedMoE(e_count, h, inter, "cuda"), 1
+    layer.mxfp8_prefill, layer.moe_ep_size = (
+        moe_hopper.CutlassGroupedMoE(e_count, h, inter, "cuda") if kind == "cutlass" else
+        moe_hopper.DeepGemmGroupedMoE(e_count, h, inter)), 1
+    limit = moe_hopper.CUTLASS_PREFILL_MIN_TOKENS if kind == "cutlass" else moe_hopper.DEEPGEMM_PREFILL_MIN_TOKENS
     method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
                                                           "weight_block_size": [1, 32]}), "test.experts")
-    method.choice, method.prefill_min_tokens = Choice(HOPPER_TRITON_MOE, "test"), moe_hopper.cutlass_prefill_min_tokens()
+    method.choice, method.prefill_min_tokens = Choice(HOPPER_TRITON_MOE, "test"), limit
     method.create_moe_runner(layer, MoeRunnerConfig(num_experts=e_count, num_local_experts=e_count, hidden_size=h,
                                                     intermediate_size_per_partition=inter, top_k=ids.shape[1],
                                                     params_dtype=torch.bfloat16, inplace=False))
-    limit = method.prefill_min_tokens
-    assert limit == moe_hopper.CUTLASS_PREFILL_MIN_TOKENS <= 2048
+    assert method.prefill_min_tokens == limit <= 2048  # create_moe_runner kept it
 
     def apply(rows):
         topk = StandardTopKOutput(tw[:rows], ids[:rows], None)
@@ -320,13 +369,16 @@ def test_moe_apply_runs_prefill_batches_on_cutlass():
 
     for rows in (limit - 1, limit):
         got = apply(rows)
-        cutlass = layer.mxfp8_prefill(x[:rows], tw[:rows], ids[:rows], w13, w2, c13.block_scale, c2.block_scale).float()
+        prefill = layer.mxfp8_prefill(x[:rows], tw[:rows], ids[:rows], w13, w2, c13.block_scale, c2.block_scale).float()
         method.prefill_min_tokens = 0
         triton = apply(rows)
         method.prefill_min_tokens = limit
-        assert torch.equal(got, cutlass if rows >= limit else triton), rows
-        assert not torch.equal(cutlass, triton)  # the two paths are distinguishable
-        assert ((cutlass - triton).norm() / triton.norm()).item() < 1e-2
+        assert torch.equal(got, prefill if rows >= limit else triton), rows
+        assert not torch.equal(prefill, triton)  # the two paths are distinguishable
+        ref = _moe_reference(x[:rows], w13, c13, w2, c2, tw[:rows], ids[:rows], fp8_activations=True)
+        rel = {name: ((out - ref).norm() / ref.norm()).item() for name, out in (("prefill", prefill), ("triton", triton))}
+        rel["between"] = ((prefill - triton).norm() / triton.norm()).item()
+        assert rel["prefill"] < 3e-2 and rel["triton"] < 3e-2, rel
 
 
 PRECOMPILE = r"""
