@@ -18,6 +18,7 @@
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
 #   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own)
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
+#   bash benchmarks/run_h200.sh deepgemm  # DeepGEMM prefill MoE (carry .deepgemm): its GPU tests, the table vs CUTLASS grouped and BF16
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
 set -uo pipefail
@@ -35,6 +36,35 @@ fi
 source .gpu/bootstrap.sh || exit 1
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+deepgemm_env() {
+  # DeepGEMM for the Hopper MoE's prefill batches (moe_hopper.DeepGemmGroupedMoE). .deepgemm (git-ignored,
+  # carried): DeepGEMM's sources (git clone https://github.com/deepseek-ai/DeepGEMM .deepgemm; checkout 54e2261,
+  # without its submodules) with fmt's headers in .deepgemm/third-party/fmt/include (CUTLASS's come from FlashInfer's
+  # wheel), and prebuilt/_C.so where an earlier machine of this image built it (the deepgemm phase writes
+  # $OUT/deepgemm_C.so); set up in /tmp/deepgemm once per machine.
+  local DG=/tmp/deepgemm
+  if [ ! -f $DG/.built ]; then
+    rm -rf $DG && cp -r .deepgemm $DG || return 1
+    local FI
+    FI=$(python3 -c "import flashinfer, os; print(os.path.dirname(flashinfer.__file__))")/data/cutlass/include
+    ln -sfn "$FI/cutlass" $DG/deep_gemm/include/cutlass && ln -sfn "$FI/cute" $DG/deep_gemm/include/cute
+    mkdir -p $DG/third-party/cutlass && ln -sfn "$FI" $DG/third-party/cutlass/include
+    if [ -f $DG/prebuilt/_C.so ]; then
+      cp $DG/prebuilt/_C.so $DG/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so && touch $DG/.built
+    else
+      python3 -c "import wheel.bdist_wheel" 2>/dev/null ||  # setup.py imports it; setuptools carries the same command
+        sed -i 's/^from wheel.bdist_wheel import/from setuptools.command.bdist_wheel import/' $DG/setup.py
+      export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+      local start
+      start=$(date +%s)
+      (cd $DG && MAX_JOBS=16 python3 setup.py build_ext --inplace) > "$OUT/deepgemm_build.log" 2>&1 &&
+        touch $DG/.built; echo "DeepGEMM build exit $? after $(( $(date +%s) - start )) s"
+    fi
+  fi
+  export PYTHONPATH=$DG${PYTHONPATH:+:$PYTHONPATH}
+  python3 -c "import deep_gemm; print('deep_gemm', deep_gemm.__version__)"
+}
 
 case "${1:-kernels}" in
 fa3-install)
@@ -115,6 +145,7 @@ e2e-prep)
 e2e)
   # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/flashinfer_sm90.py)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
+  [ "${DEEPGEMM:-0}" = 1 ] && { deepgemm_env || exit 1; }  # DEEPGEMM=1: the MoE's prefill batches on DeepGEMM
   # MoE batches of 2048+ tokens run SGLang's CUTLASS grouped MoE (sglang_mxfp8/moe_hopper.py). Two servers
   # at 8 layers fit the 10-minute command with fixed-size rounds (each FlashInfer server precompiles for
   # 1.5-3 min); the 6 s rounds and the batch-128 profile should add about a minute per server (not yet
@@ -184,6 +215,12 @@ gemv)
 prefill)
   python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4
   python3 benchmarks/kernels/bench_moe.py --out "$OUT/moe.md" 2>&1 | grep "^|"
+  ;;
+deepgemm)
+  deepgemm_env || exit 1
+  python3 -m pytest -q tests/gpu -k "deepgemm or prefill_moe or cutlass_grouped" 2>&1 | tail -4
+  timeout 420 python3 benchmarks/kernels/bench_deepgemm_moe.py --out "$OUT/deepgemm_moe.md" 2>&1 | grep "^|\|Error\|error\|failed" | head -40
+  [ -f .deepgemm/prebuilt/_C.so ] || strip --strip-debug -o "$OUT/deepgemm_C.so" /tmp/deepgemm/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so
   ;;
 tune)
   python3 benchmarks/kernels/sweep_triton.py --out "$OUT/sweep.md"

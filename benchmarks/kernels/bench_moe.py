@@ -67,6 +67,18 @@ def experts(inter: int, gen):
     return w13_16, w2_16, q13, q2, c13, c2, mx_bytes
 
 
+def bf16_case(m: int, gen, w13_16, w2_16):
+    """A batch of m tokens with one routing, and SGLang's BF16 fused MoE on it: (x, [routing], its output in float32,
+    its GPU time per call in a CUDA graph)."""
+    x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    routings = [routing(m, gen)]
+
+    def bf16(tw, ids):
+        return outplace_fused_experts(x, w13_16, w2_16, tw, ids)
+
+    return x, routings, bf16(*routings[0]).float(), graph_per_call_us(bf16, routings)
+
+
 def graph_per_call_us(run, routings, reps: int = 20) -> float:
     """GPU time of ``run(topk_weights, topk_ids)`` per call, in one CUDA graph with one call per routing."""
     return graph_us([lambda r=r: run(*r) for r in routings], reps=reps)

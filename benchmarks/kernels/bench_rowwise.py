@@ -34,7 +34,7 @@ from sglang_mxfp8.numerics import convert_to_row_scales, dequantize_block_fp8, q
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dense import SHAPES, graph_copies, make  # noqa: E402
-from bench_moe import E, H, I, TOPK, experts, graph_per_call_us, routing  # noqa: E402
+from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -168,14 +168,7 @@ def main():
              "| per-row, torch grouped row-wise us (ratio) | its rel. error | its two grouped GEMMs alone us |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in MS:
-        x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
-        routings = [routing(m, gen)]
-
-        def bf16(tw, ids):
-            return outplace_fused_experts(x, w13_16, w2_16, tw, ids)
-
-        ref = bf16(*routings[0]).float()
-        g16 = graph_per_call_us(bf16, routings)
+        x, routings, ref, g16 = bf16_case(m, gen, w13_16, w2_16)
         cells = [
             cell(lambda tw, ids: outplace_fused_experts(
                 x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale, w2_scale=c2.block_scale,

@@ -1,0 +1,74 @@
+"""The Hopper MoE's prefill kernels at prefill sizes: DeepGEMM's grouped FP8 GEMM with our glue
+(moe_hopper.DeepGemmGroupedMoE: tokens quantized and scattered to their experts' rows in one pass, grouped GEMM
+gate/up, SiLU-and-mul with the quantizer, grouped GEMM down, the weighted gather) against SGLang's CUTLASS
+grouped MoE and SGLang's BF16 fused MoE, in the same run; GPU time per call in a CUDA graph (neither prefill
+MoE syncs with the host), and each DeepGEMM step alone on the layer's own operands.
+
+Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8. Needs ``deep_gemm`` importable
+(bash benchmarks/run_h200.sh deepgemm builds it from source on the GPU machine).
+
+    python benchmarks/kernels/bench_deepgemm_moe.py --out OUT/deepgemm_moe.md
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+from sglang_mxfp8.moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us  # noqa: E402
+from bench_rowwise import cell  # noqa: E402
+from gpu_timer import graph_us  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from plot_speedup import plot_beside  # noqa: E402
+
+MS = [1024, 2048, 4096, 8192]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args()
+    import deep_gemm
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
+    gpu = torch.cuda.get_device_name()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
+    s13, s2 = c13.block_scale, c2.block_scale
+    cutlass, deepgemm = CutlassGroupedMoE(E, H, I, "cuda"), DeepGemmGroupedMoE(E, H, I)
+    lines = [f"GPU: {gpu}; DeepGEMM {deep_gemm.__version__}; MoE layer, E={E} H={H} I={I} top-{TOPK}; us per call; "
+             "ratios to BF16 timed the same way; rel. error vs the BF16 layer on the same routing", "",
+             "| tokens | BF16 graph us | CUTLASS grouped graph us (ratio) | its rel. error "
+             "| DeepGEMM layer graph us (ratio) | its rel. error | DeepGEMM's two GEMMs alone, graph us "
+             "| their TFLOP/s (routed rows) | rows padded / routed | each step alone, graph us |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in MS:
+        x, routings, ref, g16 = bf16_case(m, gen, w13_16, w2_16)
+        cut = cell(lambda tw, ids: cutlass(x, tw, ids, q13, q2, s13, s2), routings, ref, g16)
+        try:
+            got = deepgemm(x, *routings[0], q13, q2, s13, s2).float()
+            rel = ((got - ref).norm() / ref.norm()).item()
+            gdg = graph_per_call_us(lambda tw, ids: deepgemm(x, tw, ids, q13, q2, s13, s2), routings)
+            keep = {}
+            deepgemm(x, *routings[0], q13, q2, s13, s2, keep=keep)
+            steps = {name: graph_us([run]) for name, run in keep["steps"].items()}
+            gemms = steps["gemm_up"] + steps["gemm_down"]
+            flop = 2 * m * TOPK * (2 * I * H + H * I)
+            dg = (f"{gdg:.1f} ({g16 / gdg:.2f}x) | {rel:.4f} | {gemms:.1f} | {flop / gemms / 1e6:.0f} "
+                  f"| {int(keep['rows_used'])} / {m * TOPK} | " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
+        except Exception as e:  # noqa: BLE001 - a refused shape or a JIT failure: say so in the table
+            dg = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} | n/a | n/a | n/a | n/a | n/a"
+        lines.append(f"| {m} | {g16:.1f} | {cut} | {dg} |")
+        print(lines[-1], flush=True)
+        args.out.write_text("\n".join(lines) + "\n")
+    plot_beside(args.out, f"MoE layer, DeepGEMM grouped vs CUTLASS grouped vs BF16, {gpu}", target=1.5)
+
+
+if __name__ == "__main__":
+    main()
