@@ -153,16 +153,20 @@ e2e)
   # E2E_MX="NAME=[ENV=VALUE ...] FLAGS" adds an MXFP8 variant, e.g.
   # PRECOMPILE=0 E2E_LAYERS=4 E2E_MX="no CUTLASS prefill=SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   # E2E_ARGS passes more options to bench_throughput.py, e.g. E2E_ARGS="--concurrency 16 128"; each timed round
-  # runs ROUND_SECONDS (default 6) of back-to-back requests per client (ROUND_SECONDS=0: fixed 2 x c requests)
+  # runs ROUND_SECONDS (default 6) of back-to-back requests per client (ROUND_SECONDS=0: fixed 2 x c requests);
+  # WINDOW_SECONDS=W instead: each concurrency in one run of clients with staggered starts, rated over --repeats
+  # windows of W s in its steady state (bench_throughput.steady_windows)
   # the one-token GEMVs served: E2E_MX="no dense GEMV=SGLANG_MXFP8_GEMV=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   # (or "no GEMV MoE=SGLANG_MXFP8_MOE_GEMV=0 ..."), with E2E_ARGS="--concurrency 1 --profile-batch 1"
   # E2E_FLAGS: more launch flags for every server, after the base ones (the last of a repeated flag wins), e.g.
   # E2E_FLAGS="--attention-backend fa3" once fa3-install has run on this machine
+  MEASURE="--round-seconds ${ROUND_SECONDS:-6}"
+  [ -n "${WINDOW_SECONDS:-}" ] && MEASURE="--window-seconds $WINDOW_SECONDS"
   timeout 580 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" \
     --flags "--cuda-graph-max-bs 128${E2E_FLAGS:+ $E2E_FLAGS}" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
     ${E2E_MX:+--mx "$E2E_MX"} \
-    --profile-steps 16 --profile-batch 1 128 --round-seconds "${ROUND_SECONDS:-6}" ${E2E_ARGS:-}
+    --profile-steps 16 --profile-batch 1 128 $MEASURE ${E2E_ARGS:-}
   ;;
 tp-shards)
   python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_tp2.md" --flashinfer --timer graph --tp 2 2>&1 | tail -30

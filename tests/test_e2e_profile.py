@@ -116,8 +116,8 @@ def port():
 
 @pytest.mark.parametrize("round_seconds", [0, 0.25])
 def test_each_round_records_what_its_rate_is_made_of(port, round_seconds):
-    args = Namespace(concurrency=[3], repeats=2, round_seconds=round_seconds, input_len=64, output_len=20,
-                     decode_tokens=20)
+    args = Namespace(concurrency=[3], repeats=2, round_seconds=round_seconds, window_seconds=0, input_len=64,
+                     output_len=20, decode_tokens=20)
     result = bench.measure(port, args)
     rounds, rates = result["c3_rounds"], result["c3_runs"]
     assert len(rounds) == len(rates) == 2
@@ -131,6 +131,23 @@ def test_each_round_records_what_its_rate_is_made_of(port, round_seconds):
     assert result["c3"] == pytest.approx(sum(rates) / 2)
     # 21 tokens take 20 x 1 ms longer than one
     assert result["decode_ms_per_token"] == pytest.approx(1e3 * SECONDS_PER_TOKEN, rel=0.5)
+
+
+def test_steady_windows_rate_the_requests_finishing_inside_each(port):
+    """3 clients started over 0.3 s, two 0.5 s windows from 0.6 s on: a 20 ms request each time, so 75 finish in a
+    window at 3 in flight (the client thread's own overhead makes it fewer, never more); each window's rate is
+    its tokens over its length, and the rounds' median is the reported rate."""
+    args = Namespace(concurrency=[3], repeats=2, round_seconds=0, window_seconds=0.5, ramp_seconds=0.3,
+                     input_len=64, output_len=20, decode_tokens=20)
+    t0 = time.perf_counter()
+    result = bench.measure(port, args)
+    windows, rates = result["c3_rounds"], result["c3_runs"]
+    assert len(windows) == len(rates) == 2
+    for w, rate in zip(windows, rates):
+        assert w["seconds"] == 0.5 and w["tokens"] == 20 * w["requests"] and 30 <= w["requests"] <= 75
+        assert rate == w["tokens"] / 0.5
+    assert result["c3"] == pytest.approx(sum(rates) / 2)
+    assert time.perf_counter() - t0 >= 0.6 + 2 * 0.5
 
 
 def test_table_cell_shows_the_median_and_every_round():

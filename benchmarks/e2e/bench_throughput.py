@@ -8,7 +8,8 @@ time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
 - throughput at each --concurrency: 2 x concurrency requests (at least 8) with that many in flight,
   or with --round-seconds S that many clients sending requests back to back for S seconds; output
   tokens / wall time, median of --repeats rounds (each kept in e2e.json with its requests and seconds),
-  after an untimed round at the same concurrency. Triton kernels (SGLang's MoE, our GEMM) and FlashInfer's SM90 GEMM compile
+  after an untimed round at the same concurrency. With --window-seconds W instead: one run of that many
+  clients with staggered starts, --repeats windows of W seconds in its steady state (``steady_windows``). Triton kernels (SGLang's MoE, our GEMM) and FlashInfer's SM90 GEMM compile
   on first use of a new tile config or integer specialisation, which a mixed prefill batch can hit
   late: one such stall is 1-3 s, so a single timed round can be off by several times;
 - decode latency at batch 1: (time of a request with 1 + D new tokens - time with 1) / D.
@@ -69,7 +70,10 @@ def measure(port: int, args) -> dict:
         with ThreadPoolExecutor(c) as pool:  # warm-up round, untimed
             list(pool.map(lambda p: generate(port, p, 32), [prompt() for _ in range(c)]))
         rates, rounds = [], []
-        for r in range(args.repeats):
+        if args.window_seconds:
+            rounds = steady_windows(port, c, args, prompt)
+            rates = [w["tokens"] / w["seconds"] for w in rounds]
+        for r in range(0 if args.window_seconds else args.repeats):
             t0 = time.perf_counter()
             if args.round_seconds:
                 def client(i, deadline=t0 + args.round_seconds, seed=(c, r)):
@@ -109,6 +113,35 @@ def measure(port: int, args) -> dict:
         times[n] = sorted(runs)[1]
     result["decode_ms_per_token"] = 1e3 * (times[1 + args.decode_tokens] - times[1]) / args.decode_tokens
     return result
+
+
+def steady_windows(port: int, c: int, args, prompt) -> list:
+    """Throughput at concurrency c in a steady state: c clients, client i starting i / c of --ramp-seconds after
+    the first, each sending a new request as soon as its last returns. The requests that finish inside each of
+    --repeats windows of --window-seconds (the first opening a further ramp after the last client started) make
+    that window's rate. Started together, c clients of same-length requests move in waves (c prefills, then c
+    decodes), and where a round's deadline cuts the waves sets its rate; staggered, their requests finish spread
+    over time. [{seconds, requests, tokens}] per window."""
+    t0 = time.perf_counter()
+    first = t0 + 2 * args.ramp_seconds
+    stop = first + args.repeats * args.window_seconds
+    finished = [[] for _ in range(c)]  # (finish time, output tokens) of each client's requests
+
+    def client(i):
+        own = random.Random(f"steady/{c}/{i}")
+        time.sleep(args.ramp_seconds * i / c)
+        while time.perf_counter() < stop:
+            tokens = generate(port, prompt(own), args.output_len)
+            finished[i].append((time.perf_counter(), tokens))
+
+    with ThreadPoolExecutor(c) as pool:
+        list(pool.map(client, range(c)))
+    windows = []
+    for k in range(args.repeats):
+        start = first + k * args.window_seconds
+        tokens = [n for done in finished for t, n in done if start <= t < start + args.window_seconds]
+        windows.append(dict(seconds=args.window_seconds, requests=len(tokens), tokens=sum(tokens)))
+    return windows
 
 
 def with_rounds(result: dict, key: str) -> str:
@@ -253,6 +286,12 @@ def main():
                     help="timed rounds of this length: c clients each send a new request as soon as the last "
                          "returns, until then (a 1-3 s stall weighs less than in a short round); 0: each round "
                          "is a fixed 2 x c requests (at least 8)")
+    ap.add_argument("--window-seconds", type=float, default=0,
+                    help="measure each concurrency in a steady state instead of rounds: --repeats windows of this "
+                         "length in one run of clients with staggered starts (see steady_windows)")
+    ap.add_argument("--ramp-seconds", type=float, default=4.0,
+                    help="with --window-seconds: the clients' starts spread over this long, and as long again "
+                         "before the first window")
     ap.add_argument("--decode-tokens", type=int, default=512)
     ap.add_argument("--port", type=int, default=30600)
     ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many decode steps per --profile-batch")
@@ -261,6 +300,8 @@ def main():
                     help="write and convert the checkpoints in --workdir, then exit (a deep model's preparation "
                          "can take a command of its own; a later run at the same --layers reuses them)")
     args = ap.parse_args()
+    if args.window_seconds and args.round_seconds:
+        ap.error("--window-seconds measures in windows of one run, --round-seconds in rounds: give one of them")
     out, work = Path(args.out), Path(args.workdir)
     out.mkdir(parents=True, exist_ok=True)
     bf16, mx = work / "bf16", work / "mxfp8"
@@ -303,9 +344,12 @@ def main():
     mx_names = [n for n in results if n != "BF16"]
     lines = [f"Qwen3-30B-A3B-shaped, {args.layers} layers, random weights; input {args.input_len}, output "
              f"{args.output_len} tokens (ignore_eos); one server at a time, same run; output tok/s (ratio to BF16), "
-             f"median of {args.repeats} rounds of " + (f"{args.round_seconds:g} s of back-to-back requests per client."
-                                                      if args.round_seconds else "2 x concurrency requests.")
-             + " Each round in brackets.",
+             (f"median of {args.repeats} windows of {args.window_seconds:g} s in one run of back-to-back requests per "
+              f"client, the clients' starts spread over {args.ramp_seconds:g} s. Each window in brackets."
+              if args.window_seconds else
+              f"median of {args.repeats} rounds of " + (f"{args.round_seconds:g} s of back-to-back requests per client."
+                                                        if args.round_seconds else "2 x concurrency requests.")
+              + " Each round in brackets."),
              "", "| concurrency | BF16 tok/s | " + " | ".join(f"{n} tok/s (ratio)" for n in mx_names) + " |",
              "|---" * (2 + len(mx_names)) + "|"]
     for c in args.concurrency:
