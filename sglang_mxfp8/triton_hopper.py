@@ -13,6 +13,8 @@
 - ``w8a16_gemv``, ``moe_gemv``: one token (batch-1 decode), weight-only on CUDA cores: each program
   streams BLOCK_N weight rows, aiming at the FP8 weight bytes over the memory bandwidth; the MoE
   takes two launches (SiLU-and-mul fused into the first, routing weights and the sum over experts into the second).
+- ``moe_scatter_quant``, ``silu_mul_quant``, ``moe_gather``: the glue around a grouped GEMM that reads each
+  expert's token rows contiguously (DeepGEMM's, for prefill batches: moe_hopper.DeepGemmGroupedMoE).
 """
 
 from __future__ import annotations
