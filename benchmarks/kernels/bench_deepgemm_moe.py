@@ -1,7 +1,8 @@
 """The Hopper MoE's prefill kernels at prefill sizes: DeepGEMM's grouped FP8 GEMM with our glue
 (moe_hopper.DeepGemmGroupedMoE: tokens quantized and scattered to their experts' rows in one pass, grouped GEMM
 gate/up, SiLU-and-mul with the quantizer, grouped GEMM down, the weighted gather) against SGLang's CUTLASS
-grouped MoE and SGLang's BF16 fused MoE, in the same run; GPU time per call in a CUDA graph (neither prefill
+grouped MoE, SGLang's Triton fused MoE on the same block-FP8 weights (what smaller batches run; SGLang's default
+tile configs, as in a plain process) and SGLang's BF16 fused MoE, in the same run; GPU time per call in a CUDA graph (neither prefill
 MoE syncs with the host), and each DeepGEMM step alone on the layer's own operands.
 
 Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8. Needs ``deep_gemm`` importable
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import torch
+from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from sglang_mxfp8.moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE
@@ -27,7 +29,7 @@ from gpu_timer import graph_us  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from plot_speedup import plot_beside  # noqa: E402
 
-MS = [1024, 2048, 4096, 8192]
+MS = [512, 1024, 2048, 4096, 8192]
 
 
 def main():
@@ -44,12 +46,15 @@ def main():
     cutlass, deepgemm = CutlassGroupedMoE(E, H, I, "cuda"), DeepGemmGroupedMoE(E, H, I)
     lines = [f"GPU: {gpu}; DeepGEMM {deep_gemm.__version__}; MoE layer, E={E} H={H} I={I} top-{TOPK}; us per call; "
              "ratios to BF16 timed the same way; rel. error vs the BF16 layer on the same routing", "",
-             "| tokens | BF16 graph us | CUTLASS grouped graph us (ratio) | its rel. error "
+             "| tokens | BF16 graph us | Triton fused MXFP8 graph us (ratio) | its rel. error "
+             "| CUTLASS grouped graph us (ratio) | its rel. error "
              "| DeepGEMM layer graph us (ratio) | its rel. error | DeepGEMM's two GEMMs alone, graph us "
              "| their TFLOP/s (routed rows) | rows padded / routed | each step alone, graph us |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in MS:
         x, routings, ref, g16 = bf16_case(m, gen, w13_16, w2_16)
+        tri = cell(lambda tw, ids: outplace_fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=s13,
+                                                          w2_scale=s2, block_shape=[128, 128]), routings, ref, g16)
         cut = cell(lambda tw, ids: cutlass(x, tw, ids, q13, q2, s13, s2), routings, ref, g16)
         try:
             got = deepgemm(x, *routings[0], q13, q2, s13, s2).float()
@@ -64,10 +69,10 @@ def main():
                   f"| {int(keep['rows_used'])} / {m * TOPK} | " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
         except Exception as e:  # noqa: BLE001 - a refused shape or a JIT failure: say so in the table
             dg = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} | n/a | n/a | n/a | n/a | n/a"
-        lines.append(f"| {m} | {g16:.1f} | {cut} | {dg} |")
+        lines.append(f"| {m} | {g16:.1f} | {tri} | {cut} | {dg} |")
         print(lines[-1], flush=True)
         args.out.write_text("\n".join(lines) + "\n")
-    plot_beside(args.out, f"MoE layer, DeepGEMM grouped vs CUTLASS grouped vs BF16, {gpu}", target=1.5)
+    plot_beside(args.out, f"MoE layer, DeepGEMM grouped vs CUTLASS grouped vs Triton fused vs BF16, {gpu}", target=1.5)
 
 
 if __name__ == "__main__":
