@@ -18,7 +18,7 @@
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
 #   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own)
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
-#   bash benchmarks/run_h200.sh deepgemm  # DeepGEMM prefill MoE (carry .deepgemm): its GPU tests, the table vs CUTLASS grouped and BF16
+#   bash benchmarks/run_h200.sh deepgemm  # DeepGEMM prefill MoE (carry .deepgemm): GPU tests, table vs CUTLASS grouped, Triton, BF16; DENSE=1: dense too
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
 set -uo pipefail
@@ -224,6 +224,8 @@ deepgemm)
   deepgemm_env || exit 1
   python3 -m pytest -q tests/gpu -k "deepgemm or prefill_moe or cutlass_grouped" 2>&1 | tail -4
   timeout 420 python3 benchmarks/kernels/bench_deepgemm_moe.py --out "$OUT/deepgemm_moe.md" 2>&1 | grep "^|\|Error\|error\|failed" | head -40
+  [ -n "${DENSE:-}" ] && timeout 300 python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_deepgemm.md" --flashinfer \
+    --deepgemm --timer graph --ms 16 128 1024 4096 8192 2>&1 | grep "^|\|:"  # DENSE=1: DeepGEMM's dense GEMM too
   [ -f .deepgemm/prebuilt/_C.so ] || strip --strip-debug -o "$OUT/deepgemm_C.so" /tmp/deepgemm/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so
   ;;
 tune)

@@ -1,9 +1,9 @@
 """Dense MXFP8 layer time per backend vs BF16 cuBLAS, measured in the same run (whole op: activation
-quantization + GEMM, with --flashinfer also FlashInfer's and cuBLAS's block-scaled FP8 GEMMs; and our
-weight-only FP8 GEMM at small M and one-token GEMV, which quantize nothing). Prints a markdown table and
-writes it to --out.
+quantization + GEMM, with --flashinfer also FlashInfer's and cuBLAS's block-scaled FP8 GEMMs, with --deepgemm
+DeepGEMM's dense FP8 GEMM on the same operands; and our weight-only FP8 GEMM at small M and one-token GEMV,
+which quantize nothing). Prints a markdown table and writes it to --out.
 
-    python benchmarks/kernels/bench_dense.py --out OUT/dense.md [--flashinfer] [--timer graph] [--tp 2]
+    python benchmarks/kernels/bench_dense.py --out OUT/dense.md [--flashinfer [--deepgemm]] [--timer graph] [--tp 2]
 
 --timer eager: triton's do_bench (L2 flushed between calls; includes each launch's host cost when the
 GPU work is shorter, as in prefill and eager decode). --timer graph: GPU time per layer inside one CUDA
@@ -40,6 +40,7 @@ MS = [1, 16, 64, 128, 1024, 8192]
 WEIGHT_ONLY = "triton_w8a16 (weight-only, M <= 128)"  # BF16 activations, no quantization launch
 GEMV = "triton_gemv (weight-only, M = 1)"  # one token, CUDA cores, no quantization launch
 CUBLAS = "cublas_blockscale (our quantizer + cuBLAS)"  # torch's scaled_mm, 1x128 x 128x128 scales
+DEEPGEMM = "deepgemm (our quantizer + DeepGEMM fp8_gemm_nt)"  # the same operands on DeepGEMM's Hopper 1D2D GEMM
 WORKING_SET = 256 << 20  # bytes of weights per timed graph: several times the H200's 50 MB L2
 
 
@@ -67,7 +68,20 @@ def make(cls, n, k):
     return layer, be
 
 
-def variants(n, k, flashinfer: bool, copies: int):
+def deepgemm_linear(x, w, w_block_scale):
+    """x [M, K] bf16 -> [M, N] bf16 through DeepGEMM's dense FP8 GEMM: 1x128 activation scales M-major (our
+    quantizer, rows padded to a multiple of 4 as TMA needs), the weight's 128x128 float32 scales as they are."""
+    import deep_gemm
+
+    from sglang_mxfp8.triton_hopper import quantize_act_1x128
+
+    q, s = quantize_act_1x128(x, m_major=True)
+    out = torch.empty((q.shape[0], w.shape[0]), dtype=torch.bfloat16, device=x.device)
+    deep_gemm.fp8_gemm_nt((q, s), (w, w_block_scale), out)
+    return out[: x.shape[0]]
+
+
+def variants(n, k, flashinfer: bool, copies: int, deepgemm: bool = False):
     """{label: [one callable per weight copy]}: BF16 first (the baseline), then the MXFP8 paths."""
     w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     out = {"BF16 cuBLAS": [lambda x, w=w: torch.nn.functional.linear(x, w) for w in w16]}
@@ -81,6 +95,9 @@ def variants(n, k, flashinfer: bool, copies: int):
         if shape_supported(n, k):  # the same operands (128x128 weight scales) on cuBLAS, our quantizer in front
             out[CUBLAS] = [lambda x, lb=lb: blockscale_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0])
                            for lb in fi]
+        if deepgemm:
+            out[DEEPGEMM] = [lambda x, lb=lb: deepgemm_linear(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0])
+                             for lb in fi]
     return out
 
 
@@ -89,6 +106,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--flashinfer", action="store_true", help="also time fp8_blockscale_gemm_sm90 (JIT ~2 min first time) and "
                     "cuBLAS's block-scaled GEMM on the same operands")
+    ap.add_argument("--deepgemm", action="store_true", help="with --flashinfer: also DeepGEMM's dense FP8 GEMM on the "
+                    "same operands (needs deep_gemm importable; bash benchmarks/run_h200.sh deepgemm sets it up)")
     ap.add_argument("--timer", choices=["eager", "graph"], default="eager")
     ap.add_argument("--tp", type=int, default=1, help="time one tensor-parallel rank's shard")
     ap.add_argument("--ms", type=int, nargs="+", default=MS, help="batch sizes (rows of the activation)")
@@ -102,7 +121,7 @@ def main():
         k, n = (k // args.tp, n) if split == "K" else (k, n // args.tp)
         name = name if args.tp == 1 else f"{name.rsplit(' ', 1)[0]} {k}->{n}"
         copies = 1 if args.timer == "eager" else graph_copies(n, k)
-        fns = variants(n, k, args.flashinfer, copies)
+        fns = variants(n, k, args.flashinfer, copies, args.deepgemm)
         if header is None:
             labels = list(fns)[1:]
             header = ["| shape | M | BF16 cuBLAS us | " + " | ".join(f"{b} us (ratio)" for b in labels) + " |",
