@@ -69,36 +69,11 @@ def measure(port: int, args) -> dict:
     for c in args.concurrency:
         with ThreadPoolExecutor(c) as pool:  # warm-up round, untimed
             list(pool.map(lambda p: generate(port, p, 32), [prompt() for _ in range(c)]))
-        rates, rounds = [], []
         if args.window_seconds:
             rounds = steady_windows(port, c, args, prompt)
             rates = [w["tokens"] / w["seconds"] for w in rounds]
-        for r in range(0 if args.window_seconds else args.repeats):
-            t0 = time.perf_counter()
-            if args.round_seconds:
-                def client(i, deadline=t0 + args.round_seconds, seed=(c, r)):
-                    """One of c clients: a new request as soon as its last one returns, until the deadline;
-                    (requests, output tokens)."""
-                    own = random.Random(f"{seed}/{i}")
-                    requests_sent = tokens = 0
-                    while True:
-                        tokens += generate(port, prompt(own), args.output_len)
-                        requests_sent += 1
-                        if time.perf_counter() >= deadline:
-                            return requests_sent, tokens
-
-                with ThreadPoolExecutor(c) as pool:
-                    per_client = list(pool.map(client, range(c)))
-                n_requests, tokens = (sum(col) for col in zip(*per_client))
-            else:
-                prompts = [prompt() for _ in range(max(8, 2 * c))]
-                with ThreadPoolExecutor(c) as pool:
-                    tokens = sum(pool.map(lambda p: generate(port, p, args.output_len), prompts))
-                n_requests = len(prompts)
-            seconds = time.perf_counter() - t0
-            rates.append(tokens / seconds)
-            # its requests show whether rounds that differ in rate also differ in how many requests they finished
-            rounds.append(dict(seconds=round(seconds, 3), requests=n_requests, tokens=tokens))
+        else:
+            rates, rounds = timed_rounds(port, c, args, prompt)
         result[f"c{c}"] = statistics.median(rates)
         result[f"c{c}_runs"] = rates
         result[f"c{c}_rounds"] = rounds
@@ -113,6 +88,39 @@ def measure(port: int, args) -> dict:
         times[n] = sorted(runs)[1]
     result["decode_ms_per_token"] = 1e3 * (times[1 + args.decode_tokens] - times[1]) / args.decode_tokens
     return result
+
+
+def timed_rounds(port: int, c: int, args, prompt):
+    """--repeats rounds at concurrency c, each started with every client at once: --round-seconds of back-to-back
+    requests per client, or 2 x c requests (at least 8); (tok/s per round, [{seconds, requests, tokens}])."""
+    rates, rounds = [], []
+    for r in range(args.repeats):
+        t0 = time.perf_counter()
+        if args.round_seconds:
+            def client(i, deadline=t0 + args.round_seconds, seed=(c, r)):
+                """One of c clients: a new request as soon as its last one returns, until the deadline;
+                (requests, output tokens)."""
+                own = random.Random(f"{seed}/{i}")
+                requests_sent = tokens = 0
+                while True:
+                    tokens += generate(port, prompt(own), args.output_len)
+                    requests_sent += 1
+                    if time.perf_counter() >= deadline:
+                        return requests_sent, tokens
+
+            with ThreadPoolExecutor(c) as pool:
+                per_client = list(pool.map(client, range(c)))
+            n_requests, tokens = (sum(col) for col in zip(*per_client))
+        else:
+            prompts = [prompt() for _ in range(max(8, 2 * c))]
+            with ThreadPoolExecutor(c) as pool:
+                tokens = sum(pool.map(lambda p: generate(port, p, args.output_len), prompts))
+            n_requests = len(prompts)
+        seconds = time.perf_counter() - t0
+        rates.append(tokens / seconds)
+        # its requests show whether rounds that differ in rate also differ in how many requests they finished
+        rounds.append(dict(seconds=round(seconds, 3), requests=n_requests, tokens=tokens))
+    return rates, rounds
 
 
 def steady_windows(port: int, c: int, args, prompt) -> list:
