@@ -139,19 +139,20 @@ def moe_report(gpu, flag: str, fi: bool, experts: Dict[str, Tuple[int, int]], tp
         if inter % moe_tp:
             raise resolver.Mxfp8ConfigError(f"--tp / --ep-size {moe_tp} does not divide the experts' intermediate "
                                             f"size {inter} (SGLang refuses it too)")
-        choice = resolver.resolve_moe(gpu, flag, flashinfer=fi, hidden=hidden, intermediate=inter // moe_tp, tp=moe_tp)
+        rank_inter = inter // moe_tp
+        choice = resolver.resolve_moe(gpu, flag, flashinfer=fi, hidden=hidden, intermediate=rank_inter, tp=moe_tp)
     except resolver.Mxfp8ConfigError as e:
         return f"  MoE experts: ERROR {e}", False
     extra = ""
     if choice.kernel == resolver.HOPPER_TRITON_MOE and ep == 1:  # neither runs with expert parallelism
-        kind, prefill_tokens, why_not_deepgemm = prefill_moe_choice(hidden, inter // moe_tp)
+        kind, prefill_tokens, why_not_deepgemm = prefill_moe_choice()
         if kind == "deepgemm":
             extra = f"; batches of {prefill_tokens}+ tokens on DeepGEMM's grouped FP8 GEMM"
         elif prefill_tokens:
             extra = f"; batches of {prefill_tokens}+ tokens on SGLang's CUTLASS grouped MoE (not DeepGEMM: {why_not_deepgemm})"
-        if gemv_moe_runs(hidden, inter // moe_tp):
+        if gemv_moe_runs(hidden, rank_inter):
             extra += MOE_GEMV
-    split = (f", {inter // moe_tp} per rank" if moe_tp > 1 else "") + (f", experts split {ep} ways" if ep > 1 else "")
+    split = (f", {rank_inter} per rank" if moe_tp > 1 else "") + (f", experts split {ep} ways" if ep > 1 else "")
     return f"  MoE experts (hidden {hidden}, intermediate {inter}{split}): {choice}{extra}", True
 
 

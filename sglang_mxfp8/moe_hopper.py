@@ -78,14 +78,12 @@ def fused_moe_unsupported(config, ep_size: int) -> Optional[str]:
     return None
 
 
-def prefill_moe_choice(hidden: int, intermediate: int) -> Tuple[str, int, Optional[str]]:
-    """For a Hopper MoE layer's prefill batches: (kernel, the smallest batch it takes, 0 for none; why DeepGEMM
-    does not run, or None). "deepgemm" from DEEPGEMM_PREFILL_MIN_TOKENS tokens where it can, else "cutlass" from
+def prefill_moe_choice() -> Tuple[str, int, Optional[str]]:
+    """For a Hopper MoE layer's prefill batches (its hidden and per-rank intermediate sizes multiples of 128: the
+    resolver refuses the Hopper MoE otherwise): (kernel, the smallest batch it takes, 0 for none; why DeepGEMM does
+    not run, or None). "deepgemm" from DEEPGEMM_PREFILL_MIN_TOKENS tokens where it can, else "cutlass" from
     cutlass_prefill_min_tokens()."""
-    why = None
-    if hidden % 128 or intermediate % 128:
-        why = f"hidden {hidden} / intermediate {intermediate} not multiples of 128"
-    why = why or deepgemm_unavailable()
+    why = deepgemm_unavailable()
     if why is None:
         return "deepgemm", DEEPGEMM_PREFILL_MIN_TOKENS, None
     return "cutlass", cutlass_prefill_min_tokens(), why

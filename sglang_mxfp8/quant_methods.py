@@ -211,7 +211,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
             return
         layer.mxfp8_w13 = BlockScaleConverter(num_experts, layer.w13_weight.shape[1], hidden_size, 128, dev, f"{self.prefix}.w13")
         layer.mxfp8_w2 = BlockScaleConverter(num_experts, hidden_size, intermediate_size_per_partition, 128, dev, f"{self.prefix}.w2")
-        kind, self.prefill_min_tokens, why_not_deepgemm = prefill_moe_choice(hidden_size, intermediate_size_per_partition)
+        kind, self.prefill_min_tokens, why_not_deepgemm = prefill_moe_choice()
         self.gemv = gemv_moe_runs(hidden_size, intermediate_size_per_partition)
         if self.prefill_min_tokens:
             layer.mxfp8_prefill = (DeepGemmGroupedMoE(num_experts, hidden_size, intermediate_size_per_partition)
