@@ -146,7 +146,8 @@ e2e)
   # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/flashinfer_sm90.py)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
   [ "${DEEPGEMM:-0}" = 1 ] && { deepgemm_env || exit 1; }  # DEEPGEMM=1: the MoE's prefill batches on DeepGEMM
-  # MoE batches of 2048+ tokens run SGLang's CUTLASS grouped MoE (sglang_mxfp8/moe_hopper.py). Two servers
+  # MoE batches of 2048+ tokens run SGLang's CUTLASS grouped MoE, of 1024+ DeepGEMM's with DEEPGEMM=1
+  # (sglang_mxfp8/moe_hopper.py). Two servers
   # at 8 layers fit the 10-minute command with fixed-size rounds (each FlashInfer server precompiles for
   # 1.5-3 min); the 6 s rounds and the batch-128 profile should add about a minute per server (not yet
   # timed), so run e2e-prep first;
