@@ -109,9 +109,11 @@ def per_rank(name: str, n: int, k: int, tp: int, config: dict) -> Tuple[int, int
     return (split // tp, k) if leaf == "gate_up_proj" else (n, split // tp)
 
 
-def dense_extras(choice: resolver.Choice, n: int, k: int) -> str:
-    """What else a Hopper dense layer runs beside its kernel, each with its switch."""
-    from .dense import backend_class, cublas_prefill_min_tokens, dense_gemv_enabled, weight_only_max_m
+def dense_extras(choice: resolver.Choice, n: int, k: int, dtype: str = "bfloat16") -> str:
+    """What else a Hopper dense layer runs beside its kernel, each with its switch (dtype: the model's)."""
+    import torch
+
+    from .dense import backend_class, dense_gemv_enabled, dense_prefill_choice, weight_only_max_m
     from .flashinfer_sm90 import precompile_enabled
 
     extra, small_m = "", weight_only_max_m(n)
@@ -119,9 +121,12 @@ def dense_extras(choice: resolver.Choice, n: int, k: int) -> str:
         extra = f"; weight-only FP8 GEMM for batches of up to {small_m} tokens"
     elif choice.kernel == resolver.HOPPER_FLASHINFER:
         extra = "; its kernels compiled while the model loads" if precompile_enabled() else ""
-        cublas_m = cublas_prefill_min_tokens(n, k)
-        if cublas_m:
-            extra += f"; batches of {cublas_m}+ tokens on cuBLAS's block-scaled GEMM (SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)"
+        kind, prefill_m, why_not_deepgemm = dense_prefill_choice(n, k, getattr(torch, dtype))
+        if kind == "deepgemm":
+            extra += f"; batches of {prefill_m}+ tokens on DeepGEMM's FP8 GEMM (SGLANG_MXFP8_DEEPGEMM_PREFILL_DENSE=0 turns it off)"
+        elif kind == "cublas":
+            extra += (f"; batches of {prefill_m}+ tokens on cuBLAS's block-scaled GEMM (SGLANG_MXFP8_CUBLAS_PREFILL=0 "
+                      f"turns it off; not DeepGEMM: {why_not_deepgemm})")
     cls = backend_class(choice.kernel)
     if cls is not None and (n, k) in cls.gemv_shapes and dense_gemv_enabled():
         extra += GEMV_NOTE
@@ -194,6 +199,7 @@ def doctor(args) -> int:
             dense[kind] = (n, k, count)
     config = json.loads((ckpt / "config.json").read_text())
     config = config.get("text_config") or config
+    model_dtype = "float16" if (config.get("torch_dtype") or config.get("dtype")) == "float16" else "bfloat16"
     tp, ep = args.tp, args.ep_size
     if tp % ep:
         print(f"--ep-size {ep} does not divide --tp {tp}; SGLang's expert parallelism splits the tensor-parallel ranks")
@@ -206,7 +212,8 @@ def doctor(args) -> int:
             rn, rk = per_rank(name, n, k, tp, config)
             rank = f", [{rn} x {rk}] per rank" if (rn, rk) != (n, k) else ""
             choice = resolver.resolve_dense(gpu, args.fp8_gemm_backend, flashinfer=fi, n=rn, k=rk, layer=name)
-            print(f"  dense {name} [{n} x {k}] x{count}{fused}{rank}: {choice}{dense_extras(choice, rn, rk)}")
+            extra = dense_extras(choice, rn, rk, model_dtype)
+            print(f"  dense {name} [{n} x {k}] x{count}{fused}{rank}: {choice}{extra}")
         except resolver.Mxfp8ConfigError as e:
             print(f"  dense {name}{fused}: ERROR {e}")
             status = 1

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Optional, Type
+from typing import Optional, Tuple, Type
 
 import torch
 
-from . import resolver
+from . import deepgemm_sm90, resolver
 from .envs import env_switch
 from .gpu import current_gpu, flashinfer_available
 from .refit import BlockScaleConverter
@@ -51,6 +51,27 @@ def cublas_prefill_min_tokens(n: int, k: int) -> int:
     from .cublas_sm90 import shape_supported
 
     return CUBLAS_MIN_TOKENS if env_switch(CUBLAS_PREFILL_ENV, default=True) and shape_supported(n, k) else 0
+
+
+def dense_prefill_choice(n: int, k: int, dtype: torch.dtype) -> Tuple[Optional[str], int, Optional[str]]:
+    """For a FlashInfer-backend layer [n, k]'s prefill batches: (kernel: "deepgemm", "cublas" or None for FlashInfer's
+    own; the smallest batch it takes, 0 for none; why DeepGEMM does not run, or None). DeepGEMM's dense GEMM from
+    deepgemm_sm90.DENSE_MIN_TOKENS tokens where it can, else cuBLAS's block-scaled GEMM from cublas_prefill_min_tokens."""
+    why = deepgemm_sm90.dense_unavailable(n, k, dtype)
+    if why is None:
+        return "deepgemm", deepgemm_sm90.DENSE_MIN_TOKENS, None
+    min_m = cublas_prefill_min_tokens(n, k)
+    return ("cublas" if min_m else None), min_m, why
+
+
+@functools.lru_cache(maxsize=None)
+def _note_dense_prefill_once(kind: Optional[str], min_m: int, why_not_deepgemm: Optional[str]) -> None:
+    if kind == "deepgemm":
+        logger.info("sglang_mxfp8: dense batches of %d+ tokens: DeepGEMM's FP8 GEMM", min_m)
+    else:
+        logger.info("sglang_mxfp8: dense batches of %s; DeepGEMM not used: %s",
+                    f"{min_m}+ tokens: cuBLAS's block-scaled GEMM" if kind else "any size: FlashInfer's GEMM",
+                    why_not_deepgemm)
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,15 +170,21 @@ class HopperFlashInferDense(DenseBackend):
     # (its quantizer + GEMM) 7.9 / 9.7 / 24.9; not Llama-3-8B's up projection (20.7 against 20.3)
     gemv_shapes = HOPPER_GEMV_SHAPES
 
+    prefill_kernel: Optional[str] = None  # "deepgemm" or "cublas" from prefill_min_m tokens; set by create_buffers
+    prefill_min_m = 0
+
     def create_buffers(self, layer: torch.nn.Module, n: int, k: int) -> None:
         super().create_buffers(layer, n, k)
-        self.cublas_min_m = cublas_prefill_min_tokens(n, k)
+        kind, self.prefill_min_m, why_not_deepgemm = dense_prefill_choice(
+            n, k, getattr(layer, "orig_dtype", torch.bfloat16))
+        self.prefill_kernel = kind
+        _note_dense_prefill_once(kind, self.prefill_min_m, why_not_deepgemm)
 
     def process_weights_after_loading(self, layer: torch.nn.Module, scale: torch.Tensor):
         stats = super().process_weights_after_loading(layer, scale)
         from . import flashinfer_sm90
 
-        if self.cublas_min_m and layer.weight.is_cuda:
+        if self.prefill_kernel == "cublas" and layer.weight.is_cuda:
             from .cublas_sm90 import unavailable_reason
 
             reason = unavailable_reason(layer.weight.device.index or 0)
@@ -167,14 +194,17 @@ class HopperFlashInferDense(DenseBackend):
                     f"cannot run on {torch.cuda.get_device_name(layer.weight.device)} ({reason}); unset it")
             if reason:
                 _warn_cublas_unavailable(reason)
-                self.cublas_min_m = 0
+                self.prefill_kernel, self.prefill_min_m = None, 0
 
-        max_m = serving_max_tokens() if flashinfer_sm90.precompile_enabled() else None
-        if max_m and self.cublas_min_m:  # larger batches never reach FlashInfer's GEMM
-            max_m = min(max_m, self.cublas_min_m - 1)
+        block_scale = layer.mxfp8_converter.block_scale[0]
+        serving_max = serving_max_tokens()
+        max_m = serving_max if flashinfer_sm90.precompile_enabled() else None
+        if max_m and self.prefill_min_m:  # larger batches never reach FlashInfer's GEMM
+            max_m = min(max_m, self.prefill_min_m - 1)
         if max_m:
-            flashinfer_sm90.precompile(layer.weight, layer.mxfp8_converter.block_scale[0],
-                                      getattr(layer, "orig_dtype", torch.bfloat16), max_m)
+            flashinfer_sm90.precompile(layer.weight, block_scale, getattr(layer, "orig_dtype", torch.bfloat16), max_m)
+        if self.prefill_kernel == "deepgemm" and serving_max and layer.weight.is_cuda and deepgemm_sm90.precompile_enabled():
+            deepgemm_sm90.precompile(layer.weight, block_scale, self.prefill_min_m, serving_max)
         return stats
 
     def apply(self, layer, x, bias=None):
@@ -182,12 +212,16 @@ class HopperFlashInferDense(DenseBackend):
 
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         out = self.one_token(layer, x2, bias)
-        if out is None and self.cublas_min_m and x2.shape[0] >= self.cublas_min_m:
-            from .cublas_sm90 import blockscale_gemm
+        block_scale = layer.mxfp8_converter.block_scale[0]
+        if out is None and self.prefill_min_m and x2.shape[0] >= self.prefill_min_m:
+            if self.prefill_kernel == "deepgemm":
+                out = deepgemm_sm90.dense_gemm(x2, layer.weight, block_scale, bias)
+            else:
+                from .cublas_sm90 import blockscale_gemm
 
-            out = blockscale_gemm(x2, layer.weight, layer.mxfp8_converter.block_scale[0], bias, x.dtype)
+                out = blockscale_gemm(x2, layer.weight, block_scale, bias, x.dtype)
         elif out is None:
-            out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, layer.mxfp8_converter.block_scale[0], out_dtype=x.dtype)
+            out = fp8_blockscale_gemm_sm90(x2, layer.weight, None, block_scale, out_dtype=x.dtype)
             if bias is not None:
                 out = out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -12,6 +12,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .deepgemm_sm90 import import_problem
 from .envs import env_switch
 
 CUTLASS_PREFILL_ENV = "SGLANG_MXFP8_CUTLASS_PREFILL_MOE"
@@ -52,10 +53,11 @@ def deepgemm_unavailable() -> Optional[str]:
     end-row ("psum") layout of the contiguous grouped GEMM or the 128-row alignment this path writes."""
     if not env_switch(DEEPGEMM_PREFILL_ENV, default=True):
         return f"{DEEPGEMM_PREFILL_ENV}=0"
-    try:
-        import deep_gemm
-    except Exception as e:  # noqa: BLE001 - not installed, or built for another CUDA: fall back, say why
-        return f"deep_gemm does not import ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    problem = import_problem()
+    if problem:
+        return problem
+    import deep_gemm
+
     gemm = getattr(deep_gemm, "m_grouped_fp8_gemm_nt_contiguous", None)
     if gemm is None or "use_psum_layout" not in (gemm.__doc__ or ""):
         return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no contiguous grouped GEMM with use_psum_layout"

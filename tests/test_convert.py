@@ -151,10 +151,11 @@ def test_doctor_checks_the_checkpoint_without_a_gpu(hf_llama, tmp_path, capsys, 
         f"{hf_llama}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8)")
 
 
-def test_doctor_names_cublas_for_prefill_batches(tmp_path, capsys, monkeypatch):
-    """Layers with K % 512 == 0 on the FlashInfer backend: batches of 1024+ tokens on cuBLAS, unless switched off."""
+def test_doctor_names_the_dense_prefill_kernel(tmp_path, capsys, monkeypatch):
+    """Layers on the FlashInfer backend: batches of 1024+ tokens on DeepGEMM where it can run, else on cuBLAS where
+    K % 512 == 0 (with why not DeepGEMM), unless switched off."""
     transformers = pytest.importorskip("transformers")
-    from sglang_mxfp8 import dense
+    from sglang_mxfp8 import deepgemm_sm90, dense
 
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
@@ -162,14 +163,20 @@ def test_doctor_names_cublas_for_prefill_batches(tmp_path, capsys, monkeypatch):
     convert(tmp_path / "bf16", tmp_path / "mx", progress=False)
     args = ["doctor", "--gpu", "h200", "--model", str(tmp_path / "mx"), "--fp8-gemm-backend", "flashinfer_trtllm"]
     monkeypatch.delenv(dense.CUBLAS_PREFILL_ENV, raising=False)
+    monkeypatch.setattr(deepgemm_sm90, "dense_unavailable", lambda n, k, dtype: "not installed")
     assert cli(args) == 0
     out = capsys.readouterr().out
-    cublas = "; batches of 1024+ tokens on cuBLAS's block-scaled GEMM (SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off)"
+    cublas = ("; batches of 1024+ tokens on cuBLAS's block-scaled GEMM (SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off; "
+              "not DeepGEMM: not installed)")
     up = next(line for line in out.splitlines() if "gate_up_proj [2048 x 512] x1 (gate_proj + up_proj)" in line)
     assert "hopper_flashinfer_blockscale" in up and up.endswith(cublas)
     assert out.count(cublas) == 4  # qkv, o, gate_up, down: every K a multiple of 512, every N of 128
     monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "0")
-    assert cli(args) == 0 and cublas not in capsys.readouterr().out
+    assert cli(args) == 0 and "tokens on" not in capsys.readouterr().out
+    monkeypatch.setattr(deepgemm_sm90, "dense_unavailable", lambda n, k, dtype: None)
+    assert cli(args) == 0
+    deepgemm = "; batches of 1024+ tokens on DeepGEMM's FP8 GEMM (SGLANG_MXFP8_DEEPGEMM_PREFILL_DENSE=0 turns it off)"
+    assert capsys.readouterr().out.count(deepgemm) == 4
 
 
 def test_demo_cpu_path(tmp_path, capsys):

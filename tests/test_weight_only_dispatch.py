@@ -61,31 +61,3 @@ def test_one_token_gemv_runs_on_the_shapes_measured_faster(cls, monkeypatch):
     monkeypatch.setenv(dense.GEMV_ENV, "0")
     layer, be = _hopper_layer(5120, 2048, cls=cls)
     assert not be.gemv and be.one_token(layer, torch.randn(1, 2048, dtype=torch.bfloat16), None) is None
-
-
-@pytest.mark.parametrize("n,k,expected", [(5120, 2048, 1024), (2048, 4096, 1024), (5120, 2080, 0), (1008, 2048, 0)])
-def test_cublas_takes_prefill_batches_by_default(n, k, expected, monkeypatch):
-    """The FlashInfer backend's batches of 1024+ tokens take cuBLAS's block-scaled GEMM where its scale layout fits
-    (K a multiple of 512, N of 128); SGLANG_MXFP8_CUBLAS_PREFILL=0 keeps them on FlashInfer's."""
-    monkeypatch.delenv(dense.CUBLAS_PREFILL_ENV, raising=False)
-    assert _hopper_layer(n, k, cls=HopperFlashInferDense)[1].cublas_min_m == expected == dense.CUBLAS_MIN_TOKENS * bool(expected)
-    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "0")
-    assert _hopper_layer(n, k, cls=HopperFlashInferDense)[1].cublas_min_m == 0
-
-
-def test_flashinfer_precompile_stops_below_the_cublas_batches(monkeypatch):
-    """At load the FlashInfer backend compiles FlashInfer's tile configs only for the batches its GEMM will see."""
-    from sglang_mxfp8 import flashinfer_sm90
-    from sglang_mxfp8.numerics import quantize_mxfp8
-
-    monkeypatch.delenv(dense.CUBLAS_PREFILL_ENV, raising=False)
-    monkeypatch.setattr(dense, "serving_max_tokens", lambda: 8192)
-    monkeypatch.setattr(flashinfer_sm90, "precompile_enabled", lambda: True)
-    largest = []
-    monkeypatch.setattr(flashinfer_sm90, "precompile", lambda w, s, dtype, max_m: largest.append(max_m))
-    for n, k in ((2048, 4096), (1088, 2048)):  # N = 1088: not whole 128-row blocks, so no cuBLAS
-        layer, be = _hopper_layer(n, k, cls=HopperFlashInferDense)
-        q, s = quantize_mxfp8(torch.randn(n, k) * 0.02)
-        layer.weight.data.copy_(q)
-        be.process_weights_after_loading(layer, s)
-    assert largest == [dense.CUBLAS_MIN_TOKENS - 1, 8192]

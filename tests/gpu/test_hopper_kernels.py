@@ -105,6 +105,7 @@ def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
     from sglang_mxfp8.cublas_sm90 import blockscale_gemm
 
     monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "1")
+    monkeypatch.setenv("SGLANG_MXFP8_DEEPGEMM_PREFILL_DENSE", "0")  # DeepGEMM's turn is the next test
     layer, be = _layer(HopperFlashInferDense, 2048, 4096)
     scale = layer.mxfp8_converter.block_scale[0]
     x = torch.randn(dense.CUBLAS_MIN_TOKENS, 4096, device="cuda", dtype=torch.bfloat16)
@@ -112,6 +113,51 @@ def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
     assert torch.equal(cublas, blockscale_gemm(x, layer.weight, scale))
     assert torch.equal(small, fp8_blockscale_gemm_sm90(x[1:], layer.weight, None, scale, out_dtype=x.dtype))
     assert not torch.equal(cublas[1:], small)
+
+
+@pytest.mark.parametrize("m", [1024, 1500])
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (1088, 2048)])
+def test_flashinfer_backend_takes_deepgemm_for_prefill_batches(m, n, k, monkeypatch):
+    """Where deep_gemm imports: batches of 1024+ tokens run DeepGEMM's dense FP8 GEMM (bit-equal to it called
+    directly, within FP8 accuracy of the float32 product of the same operands, bias added; N = 1088 leaves a
+    partial 128-row weight block), smaller ones FlashInfer's GEMM; a NaN token's row is NaN, the others untouched."""
+    pytest.importorskip("flashinfer")
+    from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+    from sglang_mxfp8 import deepgemm_sm90
+
+    monkeypatch.delenv(deepgemm_sm90.DENSE_ENV, raising=False)
+    why = deepgemm_sm90.dense_unavailable(n, k, torch.bfloat16)
+    if why:
+        pytest.skip(why)
+    layer, be = _layer(HopperFlashInferDense, n, k)
+    assert (be.prefill_kernel, be.prefill_min_m) == ("deepgemm", 1024)
+    scale = layer.mxfp8_converter.block_scale[0]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = be.apply(layer, x, bias)
+    assert torch.equal(out, deepgemm_sm90.dense_gemm(x, layer.weight, scale, bias))
+    ref = _reference(layer, be, x) + bias.float()
+    rel = ((out.float() - ref).norm() / ref.norm()).item()
+    assert out.shape == (m, n) and torch.isfinite(out).all() and rel < 1e-2, rel
+    small = be.apply(layer, x[:1023])
+    assert torch.equal(small, fp8_blockscale_gemm_sm90(x[:1023], layer.weight, None, scale, out_dtype=x.dtype))
+    x[-1, 3] = float("nan")
+    again = be.apply(layer, x, bias)
+    assert torch.equal(again[:-1], out[:-1]) and again[-1].isnan().all()
+
+
+def test_deepgemm_precompile_runs_once_per_shape():
+    """At load: one GEMM per 64-row bucket of the prefill range, once per layer shape in the process."""
+    from sglang_mxfp8 import deepgemm_sm90
+
+    why = deepgemm_sm90.dense_unavailable(2048, 4096, torch.bfloat16)
+    if why:
+        pytest.skip(why)
+    layer, be = _layer(HopperFlashInferDense, 2048, 4096)
+    scale = layer.mxfp8_converter.block_scale[0]
+    assert deepgemm_sm90.precompile(layer.weight, scale, 1024, 2000) == len(deepgemm_sm90.precompile_ms(1024, 2000)) == 16
+    assert deepgemm_sm90.precompile(layer.weight, scale, 1024, 2000) is None
 
 
 def test_triton_bias_and_cuda_graph_replay_equal_eager():
@@ -321,6 +367,8 @@ def test_create_weights_builds_the_chosen_prefill_moe(deepgemm_why, monkeypatch)
     if deepgemm_why:
         monkeypatch.setattr(moe_hopper, "deepgemm_unavailable", lambda: deepgemm_why)
     monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
+    # a one-GPU server's tensor-parallel size, which SGLang's create_weights reads from its process group
+    monkeypatch.setattr(sglang.srt.layers.quantization.fp8, "get_tensor_model_parallel_world_size", lambda: 1)
     method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
                                                           "weight_block_size": [1, 32]}), "model.layers.0.mlp.experts")
     layer = torch.nn.Module()
