@@ -21,6 +21,7 @@ import torch
 from triton.testing import do_bench
 
 from sglang_mxfp8.cublas_sm90 import blockscale_gemm, shape_supported
+from sglang_mxfp8.deepgemm_sm90 import dense_gemm
 from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.resolver import Choice
@@ -63,22 +64,9 @@ def make(cls, n, k):
     if cls is HopperTritonDense:
         be.weight_only_max_m = 0  # its W8A8 kernel at every M; the weight-only kernel has its own column
     else:
-        be.cublas_min_m = 0  # FlashInfer's GEMM at every M; cuBLAS's block-scaled GEMM has its own column
+        be.prefill_min_m = 0  # FlashInfer's GEMM at every M; cuBLAS's and DeepGEMM's GEMMs have columns of their own
     be.process_weights_after_loading(layer, s)
     return layer, be
-
-
-def deepgemm_linear(x, w, w_block_scale):
-    """x [M, K] bf16 -> [M, N] bf16 through DeepGEMM's dense FP8 GEMM: 1x128 activation scales M-major (our
-    quantizer, rows padded to a multiple of 4 as TMA needs), the weight's 128x128 float32 scales as they are."""
-    import deep_gemm
-
-    from sglang_mxfp8.triton_hopper import quantize_act_1x128
-
-    q, s = quantize_act_1x128(x, m_major=True)
-    out = torch.empty((q.shape[0], w.shape[0]), dtype=torch.bfloat16, device=x.device)
-    deep_gemm.fp8_gemm_nt((q, s), (w, w_block_scale), out)
-    return out[: x.shape[0]]
 
 
 def variants(n, k, flashinfer: bool, copies: int, deepgemm: bool = False):
@@ -96,7 +84,7 @@ def variants(n, k, flashinfer: bool, copies: int, deepgemm: bool = False):
             out[CUBLAS] = [lambda x, lb=lb: blockscale_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0])
                            for lb in fi]
         if deepgemm:
-            out[DEEPGEMM] = [lambda x, lb=lb: deepgemm_linear(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0])
+            out[DEEPGEMM] = [lambda x, lb=lb: dense_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0])
                              for lb in fi]
     return out
 
