@@ -80,7 +80,8 @@ PRECOMPILE_ENV = "SGLANG_MXFP8_DEEPGEMM_PRECOMPILE"
 
 
 def precompile_enabled() -> bool:
-    """On unless SGLANG_MXFP8_DEEPGEMM_PRECOMPILE=0 (then a prefill batch whose tile config is new waits for nvcc)."""
+    """Whether the dense layers and the MoE (moe_hopper.DeepGemmGroupedMoE.precompile) run DeepGEMM's tile configs at
+    load; on unless SGLANG_MXFP8_DEEPGEMM_PRECOMPILE=0 (then a prefill batch whose config is new waits for nvcc)."""
     return env_switch(PRECOMPILE_ENV, default=True)
 
 

@@ -8,12 +8,16 @@ SGLang is imported only when the kernel runs, so this module loads before SGLang
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import logging
+import time
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from .deepgemm_sm90 import import_problem
 from .envs import env_switch
+
+logger = logging.getLogger(__name__)
 
 CUTLASS_PREFILL_ENV = "SGLANG_MXFP8_CUTLASS_PREFILL_MOE"
 # H200, Qwen3-30B-A3B MoE layer, CUDA-graph GPU time (benchmarks/RESULTS.md, "CUTLASS grouped MoE for prefill"):
@@ -127,6 +131,19 @@ class CutlassGroupedMoE:
         )
 
 
+def deepgemm_moe_precompile_ms(min_m: int, max_m: int, top_k: int, experts: int) -> List[int]:
+    """One batch size per tile config DeepGEMM's grouped GEMM can pick for batches of min_m..max_m tokens. On SM90
+    its block M is the 128-row alignment and the rest follows from the expected rows per expert we pass,
+    ceil(m * top_k / experts), through ceil(that / 128) (csrc/jit_kernels/heuristics/sm90.hpp)."""
+    first: Dict[int, int] = {}
+    for m in range(min_m, max_m + 1):
+        first.setdefault(-(-(-(-m * top_k // experts)) // 128), m)
+    return sorted(first.values())
+
+
+_PRECOMPILED_MOE: set = set()  # (experts, hidden, intermediate, top_k, device) done in this process
+
+
 class DeepGemmGroupedMoE:
     """A prefill batch's MoE on DeepGEMM's grouped FP8 GEMM (contiguous layout; on Hopper its kernel takes 1x128
     activation and 128x128 weight scales in float32: the converted weights and scales as they are, nothing
@@ -173,3 +190,24 @@ class DeepGemmGroupedMoE:
                 gemm_down=lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*down, **per_expert),
                 gather=lambda: moe_gather(y, slots, topk_weights)))
         return moe_gather(y, slots, topk_weights)
+
+    def precompile(self, w13, w2, w13_block_scale, w2_block_scale, top_k: int, min_m: int, max_m: int) -> Optional[int]:
+        """Run the layer once per tile config its two GEMMs can pick for batches of min_m..max_m tokens, so that no
+        served prefill waits for nvcc (once per layer shape and process). Returns how many batches ran, or None."""
+        key = (self.experts, self.hidden, w2.shape[2], top_k, w13.device)
+        ms = deepgemm_moe_precompile_ms(min_m, max_m, top_k, self.experts)
+        if key in _PRECOMPILED_MOE or not ms:
+            return None
+        _PRECOMPILED_MOE.add(key)
+        start, dev = time.perf_counter(), w13.device
+        x = torch.zeros(ms[-1], self.hidden, dtype=torch.bfloat16, device=dev)
+        ids = (torch.arange(ms[-1] * top_k, device=dev, dtype=torch.int32) % self.experts).view(-1, top_k)
+        weights = torch.full(ids.shape, 1.0 / top_k, dtype=torch.float32, device=dev)
+        for m in ms:
+            self(x[:m], weights[:m], ids[:m], w13, w2, w13_block_scale, w2_block_scale)
+        torch.cuda.synchronize(dev)
+        del x, ids, weights
+        torch.cuda.empty_cache()  # SGLang sizes its KV cache from the free memory after loading
+        logger.info("sglang_mxfp8: DeepGEMM grouped MoE (%d experts, top-%d): ran batches of %s tokens in %.1f s",
+                    self.experts, top_k, ms, time.perf_counter() - start)
+        return len(ms)

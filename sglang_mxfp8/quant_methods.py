@@ -21,7 +21,8 @@ from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod, Un
 from sglang.srt.layers.quantization.utils import is_layer_skipped
 
 from . import __version__, checkpoint, resolver
-from .dense import dispatch_w8a8_mxfp8_linear, sglang_fp8_gemm_flag
+from .deepgemm_sm90 import precompile_enabled as deepgemm_precompile_enabled
+from .dense import dispatch_w8a8_mxfp8_linear, serving_max_tokens, sglang_fp8_gemm_flag
 from .gpu import current_gpu, flashinfer_available
 from .blackwell import CutlassMoeScales, cutlass_mxfp8_moe
 from .moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE, fused_moe_unsupported, gemv_moe_runs, prefill_moe_choice
@@ -231,6 +232,11 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
             weight = getattr(layer, f"{w}_weight")
             stats = getattr(layer, f"mxfp8_{w}").refresh(weight.data, self._scale(layer, w).data)
             ConversionReport.add(stats, weight.numel())
+        prefill, max_m = getattr(layer, "mxfp8_prefill", None), serving_max_tokens()
+        if (isinstance(prefill, DeepGemmGroupedMoE) and self.prefill_min_tokens and max_m and layer.w13_weight.is_cuda
+                and deepgemm_precompile_enabled()):
+            prefill.precompile(layer.w13_weight, layer.w2_weight, layer.mxfp8_w13.block_scale, layer.mxfp8_w2.block_scale,
+                               layer.top_k, self.prefill_min_tokens, max_m)
 
     def create_moe_runner(self, layer, moe_runner_config):
         self.moe_runner_config = moe_runner_config

@@ -36,6 +36,21 @@ def test_deepgemm_switch_off(monkeypatch):
     assert moe_hopper.deepgemm_unavailable() == "SGLANG_MXFP8_DEEPGEMM_PREFILL_MOE=0"
 
 
+@pytest.mark.parametrize("min_m,max_m,top_k,experts", [(1024, 8192, 8, 128), (1024, 16384, 8, 128), (1024, 8192, 4, 16)])
+def test_deepgemm_moe_precompile_runs_one_batch_per_tile_config(min_m, max_m, top_k, experts):
+    """DeepGEMM's grouped GEMM picks its SM90 tile config from ceil(expected rows per expert / 128): the batches run
+    at load reach every such value that batches of min_m..max_m tokens can, each once (Qwen3-30B-A3B: four)."""
+    ms = moe_hopper.deepgemm_moe_precompile_ms(min_m, max_m, top_k, experts)
+
+    def bucket(m):
+        return -(-(-(-m * top_k // experts)) // 128)
+
+    assert min_m <= ms[0] and ms[-1] <= max_m
+    assert sorted(bucket(m) for m in ms) == sorted({bucket(m) for m in range(min_m, max_m + 1)})
+    if (max_m, top_k) == (8192, 8):
+        assert ms == [1024, 2049, 4097, 6145]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("deep_gemm") is not None, reason="deep_gemm is installed here")
 def test_deepgemm_not_installed_is_named(monkeypatch):
     monkeypatch.delenv(moe_hopper.DEEPGEMM_PREFILL_ENV, raising=False)

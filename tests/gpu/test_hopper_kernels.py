@@ -353,6 +353,19 @@ def test_deepgemm_grouped_moe_matches_reference(m):
     assert torch.equal(again[:-1], out[:-1]) and again[-1].isnan().all()
 
 
+def test_deepgemm_moe_precompile_runs_once_per_shape():
+    """At load: the DeepGEMM MoE layer once per tile config of the prefill range, once per layer shape."""
+    from sglang_mxfp8.moe_hopper import DeepGemmGroupedMoE, deepgemm_moe_precompile_ms, deepgemm_unavailable
+
+    if deepgemm_unavailable():
+        pytest.skip(deepgemm_unavailable())
+    _, w13, c13, w2, c2, _, _ = _moe_case(1, seed=3)
+    run = DeepGemmGroupedMoE(w13.shape[0], w13.shape[2], w2.shape[2])
+    expected = len(deepgemm_moe_precompile_ms(1024, 4096, 4, w13.shape[0]))
+    assert run.precompile(w13, w2, c13.block_scale, c2.block_scale, 4, 1024, 4096) == expected > 1
+    assert run.precompile(w13, w2, c13.block_scale, c2.block_scale, 4, 1024, 4096) is None
+
+
 @pytest.mark.parametrize("deepgemm_why", [None, "not installed"])
 def test_create_weights_builds_the_chosen_prefill_moe(deepgemm_why, monkeypatch):
     """The real MoE method's create_weights: its prefill kernel and batch threshold are what prefill_moe_choice
