@@ -31,10 +31,25 @@ DENSE_MIN_TOKENS = 1024
 M_BUCKET = 64  # rows of M that share one DeepGEMM tile config above 32 (module docstring)
 
 
+def load():
+    """``deep_gemm``, imported after FlashInfer's GEMM module. On the H200 a process that loaded deep_gemm before
+    FlashInfer (or SGLang's FP8 layers, which import it) died with a segmentation fault in DeepGEMM's first kernel
+    compile, inside the std::regex of its include parser; loaded after either, the same GEMM ran (benchmarks/RESULTS.md,
+    "DeepGEMM's dense GEMM for prefill batches": probe_deepgemm_import_order.py). A server imports SGLang's layers
+    before loading the model; this keeps tools and tests that reach DeepGEMM first safe too."""
+    try:
+        import flashinfer.gemm  # noqa: F401
+    except ImportError:  # no FlashInfer: nothing to order
+        pass
+    import deep_gemm
+
+    return deep_gemm
+
+
 def import_problem() -> Optional[str]:
     """Why ``deep_gemm`` does not import here (one line), or None."""
     try:
-        import deep_gemm  # noqa: F401
+        load()
     except Exception as e:  # noqa: BLE001 - not installed, or built for another CUDA: fall back, say why
         return f"deep_gemm does not import ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
     return None
@@ -53,8 +68,7 @@ def dense_unavailable(n: int, k: int, dtype: torch.dtype) -> Optional[str]:
     problem = import_problem()
     if problem:
         return problem
-    import deep_gemm
-
+    deep_gemm = load()
     if not hasattr(deep_gemm, "fp8_gemm_nt"):
         return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_gemm_nt"
     return None
@@ -65,13 +79,11 @@ def dense_gemm(x: torch.Tensor, w: torch.Tensor, w_block_scale: torch.Tensor,
     """x [M, K] bf16 -> [M, N] bf16: x quantized per (token, 128 columns) (rows padded to a multiple of 4, as
     DeepGEMM's TMA reads the token-fastest scales), times w [N, K] e4m3 with w_block_scale [ceil(N / 128), K / 128]
     float32 (one per 128x128 block), float32 accumulation in DeepGEMM."""
-    import deep_gemm
-
     from .triton_hopper import quantize_act_1x128
 
     q, s = quantize_act_1x128(x, m_major=True)
     out = torch.empty((q.shape[0], w.shape[0]), dtype=torch.bfloat16, device=x.device)
-    deep_gemm.fp8_gemm_nt((q, s), (w, w_block_scale), out)
+    load().fp8_gemm_nt((q, s), (w, w_block_scale), out)
     out = out[: x.shape[0]]
     return out if bias is None else out + bias
 

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .deepgemm_sm90 import import_problem
+from .deepgemm_sm90 import import_problem, load as load_deep_gemm
 from .envs import env_switch
 
 logger = logging.getLogger(__name__)
@@ -60,8 +60,7 @@ def deepgemm_unavailable() -> Optional[str]:
     problem = import_problem()
     if problem:
         return problem
-    import deep_gemm
-
+    deep_gemm = load_deep_gemm()
     gemm = getattr(deep_gemm, "m_grouped_fp8_gemm_nt_contiguous", None)
     if gemm is None or "use_psum_layout" not in (gemm.__doc__ or ""):
         return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no contiguous grouped GEMM with use_psum_layout"
@@ -160,9 +159,9 @@ class DeepGemmGroupedMoE:
     def __call__(self, x, topk_weights, topk_ids, w13, w2, w13_block_scale, w2_block_scale, keep=None) -> torch.Tensor:
         """``keep``: a dict that receives each step as a zero-argument call on this call's operands, for
         benchmarks/kernels/bench_deepgemm_moe.py to time the steps alone."""
-        import deep_gemm
-
         from .triton_hopper import moe_gather, moe_scatter_quant, silu_mul_quant
+
+        deep_gemm = load_deep_gemm()
 
         m, top_k = topk_ids.shape
         rows = -(-(m * top_k + self.experts * 127) // 128) * 128

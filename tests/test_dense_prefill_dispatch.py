@@ -3,6 +3,7 @@ block-scaled GEMM or FlashInfer's own), its switches, and what is compiled at lo
 tests/gpu/test_hopper_kernels.py)."""
 
 import importlib.util
+import subprocess
 import sys
 import types
 
@@ -104,3 +105,19 @@ def test_deepgemm_precompile_runs_one_batch_per_tile_bucket(min_m, max_m):
     assert ms == sorted(set(ms)) and all(m % 64 == 0 for m in ms)
     assert {-(-m // 64) for m in range(min_m, max_m + 1)} == {m // 64 for m in ms}
     assert deepgemm_sm90.precompile_ms(2048, 1024) == []
+
+
+def test_deep_gemm_is_loaded_after_flashinfer():
+    """A process that loads deep_gemm before FlashInfer dies in DeepGEMM's first compile on the H200 (segmentation
+    fault, benchmarks/RESULTS.md); deepgemm_sm90.load() imports FlashInfer's GEMM module first. Checked in a fresh
+    process (a stand-in deep_gemm module: only the order is under test here)."""
+    pytest.importorskip("flashinfer")
+    code = ("import sys, types\n"
+            "sys.modules['deep_gemm'] = types.ModuleType('deep_gemm')\n"
+            "from sglang_mxfp8 import deepgemm_sm90\n"
+            "before = 'flashinfer.gemm' in sys.modules\n"
+            "assert deepgemm_sm90.load() is sys.modules['deep_gemm']\n"
+            "print(before, 'flashinfer.gemm' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["False", "True"]

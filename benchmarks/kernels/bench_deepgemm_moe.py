@@ -19,6 +19,7 @@ import torch
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
+from sglang_mxfp8.deepgemm_sm90 import load as load_deep_gemm
 from sglang_mxfp8.moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,7 +37,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True, type=Path)
     args = ap.parse_args()
-    import deep_gemm
+    deep_gemm = load_deep_gemm()
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
     gpu = torch.cuda.get_device_name()
