@@ -24,9 +24,9 @@ logger = logging.getLogger(__name__)
 
 DENSE_ENV = "SGLANG_MXFP8_DEEPGEMM_PREFILL_DENSE"
 # H200, CUDA-graph GPU time, same run (benchmarks/RESULTS.md, "DeepGEMM's dense GEMM for prefill batches"): our
-# quantizer + DeepGEMM beat cuBLAS's block-scaled GEMM (what ran from 1024 tokens before) on 10 of the 12 cells at
-# 1024 / 4096 / 8192 tokens on the four measured shapes, by up to 1.2x; it lost 5% on Llama-3-8B's up projection
-# at 1024 and 2% on Qwen3-30B-A3B's o projection at 8192
+# quantizer + DeepGEMM beat cuBLAS's block-scaled GEMM (what ran from 1024 tokens before) on 11 of the 12 cells at
+# 1024 / 4096 / 8192 tokens on the four measured shapes, by 1.02-1.27x; it lost 5% on Llama-3-8B's up projection
+# at 1024
 DENSE_MIN_TOKENS = 1024
 M_BUCKET = 64  # rows of M that share one DeepGEMM tile config above 32 (module docstring)
 
