@@ -146,7 +146,7 @@ e2e-prep)
 e2e)
   # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/flashinfer_sm90.py)
   export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
-  [ "${DEEPGEMM:-0}" = 1 ] && { deepgemm_env || exit 1; }  # DEEPGEMM=1: the MoE's prefill batches on DeepGEMM
+  [ "${DEEPGEMM:-0}" = 1 ] && { deepgemm_env || exit 1; }  # DEEPGEMM=1: prefill batches (dense and MoE) on DeepGEMM
   # MoE batches of 2048+ tokens run SGLang's CUTLASS grouped MoE, of 1024+ DeepGEMM's with DEEPGEMM=1
   # (sglang_mxfp8/moe_hopper.py). Two servers
   # at 8 layers fit the 10-minute command with fixed-size rounds (each FlashInfer server precompiles for
