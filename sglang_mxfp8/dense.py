@@ -56,8 +56,12 @@ def cublas_prefill_min_tokens(n: int, k: int) -> int:
 def dense_prefill_choice(n: int, k: int, dtype: torch.dtype) -> Tuple[Optional[str], int, Optional[str]]:
     """For a FlashInfer-backend layer [n, k]'s prefill batches: (kernel: "deepgemm", "cublas" or None for FlashInfer's
     own; the smallest batch it takes, 0 for none; why DeepGEMM does not run, or None). DeepGEMM's dense GEMM from
-    deepgemm_sm90.DENSE_MIN_TOKENS tokens where it can, else cuBLAS's block-scaled GEMM from cublas_prefill_min_tokens."""
-    why = deepgemm_sm90.dense_unavailable(n, k, dtype)
+    deepgemm_sm90.DENSE_MIN_TOKENS tokens where it can, else cuBLAS's block-scaled GEMM from cublas_prefill_min_tokens;
+    SGLANG_MXFP8_CUBLAS_PREFILL=1 asks for cuBLAS by name, over DeepGEMM."""
+    if env_switch(CUBLAS_PREFILL_ENV, default=False):
+        why = f"{CUBLAS_PREFILL_ENV}=1 asks for cuBLAS"
+    else:
+        why = deepgemm_sm90.dense_unavailable(n, k, dtype)
     if why is None:
         return "deepgemm", deepgemm_sm90.DENSE_MIN_TOKENS, None
     min_m = cublas_prefill_min_tokens(n, k)

@@ -41,8 +41,9 @@ def test_cublas_takes_prefill_batches_where_deepgemm_cannot(n, k, expected, monk
 
 
 def test_deepgemm_takes_prefill_batches_where_it_runs(monkeypatch):
-    """Where DeepGEMM's dense GEMM can run, it takes batches of 1024+ tokens in place of cuBLAS (SGLANG_MXFP8_CUBLAS
-    _PREFILL plays no part), and FlashInfer's kernels are compiled at load only for the smaller batches."""
+    """Where DeepGEMM's dense GEMM can run, it takes batches of 1024+ tokens in place of cuBLAS (unless
+    SGLANG_MXFP8_CUBLAS_PREFILL=1 asks for cuBLAS), and FlashInfer's kernels are compiled at load only for the
+    smaller batches."""
     monkeypatch.delenv(dense.CUBLAS_PREFILL_ENV, raising=False)
     monkeypatch.setattr(deepgemm_sm90, "dense_unavailable", lambda n, k, dtype: None)
     monkeypatch.setattr(dense, "serving_max_tokens", lambda: 8192)
@@ -56,6 +57,8 @@ def test_deepgemm_takes_prefill_batches_where_it_runs(monkeypatch):
         layer.weight.data.copy_(q)
         be.process_weights_after_loading(layer, s)
     assert largest == [1023, 1023]
+    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "1")  # cuBLAS asked for by name: it runs, DeepGEMM does not
+    assert dense.dense_prefill_choice(2048, 4096, torch.bfloat16) == ("cublas", 1024, "SGLANG_MXFP8_CUBLAS_PREFILL=1 asks for cuBLAS")
 
 
 def test_flashinfer_precompile_stops_below_the_cublas_batches(monkeypatch):

@@ -96,7 +96,7 @@ def test_cublas_blockscale_matches_reference(m, n, k):
 
 
 def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
-    """SGLANG_MXFP8_CUBLAS_PREFILL=1: batches of CUBLAS_MIN_TOKENS or more run cuBLAS's GEMM, smaller ones
+    """SGLANG_MXFP8_CUBLAS_PREFILL=1 (over DeepGEMM too): batches of CUBLAS_MIN_TOKENS or more run cuBLAS's GEMM, smaller ones
     FlashInfer's (each output bit-equal to its kernel called directly; the two differ)."""
     pytest.importorskip("flashinfer")
     from flashinfer.gemm import fp8_blockscale_gemm_sm90
@@ -105,7 +105,6 @@ def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
     from sglang_mxfp8.cublas_sm90 import blockscale_gemm
 
     monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "1")
-    monkeypatch.setenv("SGLANG_MXFP8_DEEPGEMM_PREFILL_DENSE", "0")  # DeepGEMM's turn is the next test
     layer, be = _layer(HopperFlashInferDense, 2048, 4096)
     scale = layer.mxfp8_converter.block_scale[0]
     x = torch.randn(dense.CUBLAS_MIN_TOKENS, 4096, device="cuda", dtype=torch.bfloat16)
