@@ -96,8 +96,8 @@ def test_cublas_blockscale_matches_reference(m, n, k):
 
 
 def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
-    """SGLANG_MXFP8_CUBLAS_PREFILL=1 (over DeepGEMM too): batches of CUBLAS_MIN_TOKENS or more run cuBLAS's GEMM, smaller ones
-    FlashInfer's (each output bit-equal to its kernel called directly; the two differ)."""
+    """SGLANG_MXFP8_CUBLAS_PREFILL=1 (over DeepGEMM too): batches of CUBLAS_MIN_TOKENS or more run cuBLAS's GEMM,
+    smaller ones FlashInfer's (each output bit-equal to its kernel called directly; the two differ)."""
     pytest.importorskip("flashinfer")
     from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
