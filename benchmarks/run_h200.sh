@@ -16,7 +16,7 @@
 #   bash benchmarks/run_h200.sh gemv      # one-token GEMVs (dense, MoE): GPU tests and tile sweeps vs BF16 and our MXFP8 paths
 #   bash benchmarks/run_h200.sh prefill   # MoE GPU tests (weight-only, CUTLASS prefill path) + the MoE candidates table
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
-#   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own)
+#   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own); DEEPGEMM=1: DeepGEMM's kernels compiled and timed
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
 #   bash benchmarks/run_h200.sh deepgemm  # DeepGEMM prefill MoE (carry .deepgemm): GPU tests, table vs CUTLASS grouped, Triton, BF16; DENSE=1: dense too
 #   bash benchmarks/run_h200.sh deepgemm-dense  # DeepGEMM dense prefill (carry .deepgemm): GPU tests, its compile cost at load, dense table at 256 and 512 tokens
@@ -140,6 +140,13 @@ stock)
 e2e-prep)
   # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints
   python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4
+  if [ "${DEEPGEMM:-0}" = 1 ]; then  # DeepGEMM's kernels into its disk cache (~/.deep_gemm), timed cold then warm
+    deepgemm_env || exit 1
+    for run in "empty cache" "cache on disk"; do
+      timeout 200 python3 benchmarks/kernels/bench_deepgemm_precompile.py --out "$OUT/deepgemm_precompile_${run// /_}.md" \
+        --label "$run" 2>&1 | grep "^|"
+    done
+  fi
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" --prepare-only
   df -h /tmp | tail -1
   ;;
