@@ -12,7 +12,9 @@ waits for nvcc.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 import time
 from typing import Optional
 
@@ -36,7 +38,10 @@ def load():
     FlashInfer (or SGLang's FP8 layers, which import it) died with a segmentation fault in DeepGEMM's first kernel
     compile, inside the std::regex of its include parser; loaded after either, the same GEMM ran (benchmarks/RESULTS.md,
     "DeepGEMM's dense GEMM for prefill batches": probe_deepgemm_import_order.py). A server imports SGLang's layers
-    before loading the model; this keeps tools and tests that reach DeepGEMM first safe too."""
+    before loading the model; this keeps tools and tests that reach DeepGEMM first safe too. Where deep_gemm is not
+    installed it fails at once, without FlashInfer's import (seconds on a CPU-only machine running doctor)."""
+    if "deep_gemm" not in sys.modules and importlib.util.find_spec("deep_gemm") is None:
+        raise ModuleNotFoundError("No module named 'deep_gemm'", name="deep_gemm")
     try:
         import flashinfer.gemm  # noqa: F401
     except ImportError:  # no FlashInfer: nothing to order

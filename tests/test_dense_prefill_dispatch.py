@@ -124,3 +124,17 @@ def test_deep_gemm_is_loaded_after_flashinfer():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["False", "True"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deep_gemm") is not None, reason="deep_gemm is installed here")
+def test_missing_deep_gemm_costs_no_flashinfer_import():
+    """Where deep_gemm is not installed (every CPU machine running doctor), the check fails without importing
+    FlashInfer's GEMM module first, with the same one-line reason."""
+    code = ("import sys\n"
+            "from sglang_mxfp8 import deepgemm_sm90\n"
+            "print(deepgemm_sm90.import_problem())\n"
+            "print('flashinfer.gemm' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.splitlines() == ["deep_gemm does not import (ModuleNotFoundError: No module named 'deep_gemm')",
+                                     "False"]
