@@ -16,14 +16,13 @@ import sys
 from pathlib import Path
 
 import torch
-from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from sglang_mxfp8.deepgemm_sm90 import load as load_deep_gemm
 from sglang_mxfp8.moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us  # noqa: E402
+from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402
 from bench_rowwise import cell  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 
@@ -54,8 +53,7 @@ def main():
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in MS:
         x, routings, ref, g16 = bf16_case(m, gen, w13_16, w2_16)
-        tri = cell(lambda tw, ids: outplace_fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=s13,
-                                                          w2_scale=s2, block_shape=[128, 128]), routings, ref, g16)
+        tri = cell(lambda tw, ids: triton_block_fp8(x, q13, q2, s13, s2, tw, ids), routings, ref, g16)
         cut = cell(lambda tw, ids: cutlass(x, tw, ids, q13, q2, s13, s2), routings, ref, g16)
         try:
             keep = {}

@@ -34,7 +34,7 @@ from sglang_mxfp8.numerics import convert_to_row_scales, dequantize_block_fp8, q
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dense import SHAPES, graph_copies, make  # noqa: E402
-from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us  # noqa: E402
+from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -170,9 +170,8 @@ def main():
     for m in MS:
         x, routings, ref, g16 = bf16_case(m, gen, w13_16, w2_16)
         cells = [
-            cell(lambda tw, ids: outplace_fused_experts(
-                x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale, w2_scale=c2.block_scale,
-                block_shape=[128, 128]), routings, ref, g16),
+            cell(lambda tw, ids: triton_block_fp8(x, q13, q2, c13.block_scale, c2.block_scale, tw, ids),
+                 routings, ref, g16),
             cell(lambda tw, ids: cutlass(x, tw, ids, q13, q2, c13.block_scale, c2.block_scale), routings, ref, g16),
             cell(lambda tw, ids: outplace_fused_experts(
                 x, r13, r2, tw, ids, use_fp8_w8a8=True, per_channel_quant=True, w1_scale=s13[..., None],

@@ -186,15 +186,14 @@ def sweep_gemv(out):
 def sweep_moe_gemv(out):
     """The one-token GEMV MoE (Qwen3-30B-A3B layer), one call per routing in a CUDA graph: the up projection's
     tiles with the shipped down config, then the down projection's with the best up config."""
-    from bench_moe import E, H, I, ONE_TOKEN_ROUTINGS, graph_per_call_us, routing  # this folder
+    from bench_moe import E, H, I, ONE_TOKEN_ROUTINGS, graph_per_call_us, routing, triton_block_fp8  # this folder
 
     fused_experts, gen, (w13_16, w2_16, q13, q2, c13, c2) = qwen3_moe_layer()
     x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16, generator=gen)
     routings = [routing(1, gen) for _ in range(ONE_TOKEN_ROUTINGS)]  # as a decode step's layers: experts not in L2
     t16 = graph_per_call_us(lambda tw, ids: fused_experts(x, w13_16, w2_16, tw, ids), routings)
-    t8 = graph_per_call_us(lambda tw, ids: fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True,
-                                                         w1_scale=c13.block_scale, w2_scale=c2.block_scale,
-                                                         block_shape=[128, 128]), routings)
+    t8 = graph_per_call_us(lambda tw, ids: triton_block_fp8(x, q13, q2, c13.block_scale, c2.block_scale, tw, ids),
+                           routings)
 
     def moe(up, down, r=routings[0]):
         return th.moe_gemv(x, q13, c13.block_scale, q2, c2.block_scale, *r, up_config=up, down_config=down)

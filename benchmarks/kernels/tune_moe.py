@@ -24,7 +24,7 @@ from sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config import get_m
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from bench_moe import E, H, I, TOPK, experts, routing  # this folder: the same layer as the MoE benchmark
+from bench_moe import E, H, I, TOPK, experts, routing, triton_block_fp8  # this folder: the same layer as the MoE benchmark
 from gpu_timer import graph_us
 
 
@@ -63,8 +63,7 @@ def main():
         tw, ids = routing(m, gen)
 
         def mx():
-            return outplace_fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale,
-                                          w2_scale=c2.block_scale, block_shape=[128, 128])
+            return triton_block_fp8(x, q13, q2, c13.block_scale, c2.block_scale, tw, ids)
 
         t16 = graph_us([lambda: outplace_fused_experts(x, w13_16, w2_16, tw, ids)])
         shipped = graph_us([mx])
