@@ -16,7 +16,8 @@ import importlib.util
 import logging
 import sys
 import time
-from typing import Optional
+from types import ModuleType
+from typing import Optional, Tuple
 
 import torch
 
@@ -51,13 +52,12 @@ def load():
     return deep_gemm
 
 
-def import_problem() -> Optional[str]:
-    """Why ``deep_gemm`` does not import here (one line), or None."""
+def load_or_why() -> Tuple[Optional[ModuleType], Optional[str]]:
+    """(``deep_gemm``, None) where it imports (through :func:`load`), else (None, why not in one line)."""
     try:
-        load()
+        return load(), None
     except Exception as e:  # noqa: BLE001 - not installed, or built for another CUDA: fall back, say why
-        return f"deep_gemm does not import ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
-    return None
+        return None, f"deep_gemm does not import ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
 
 
 def dense_unavailable(n: int, k: int, dtype: torch.dtype) -> Optional[str]:
@@ -70,10 +70,9 @@ def dense_unavailable(n: int, k: int, dtype: torch.dtype) -> Optional[str]:
         return f"a {str(dtype).replace('torch.', '')} model (DeepGEMM writes bf16)"
     if k % 128 or n % 64:
         return f"[{n} x {k}] is not a multiple of 128 in K and 64 in N"
-    problem = import_problem()
-    if problem:
-        return problem
-    deep_gemm = load()
+    deep_gemm, why = load_or_why()
+    if why:
+        return why
     if not hasattr(deep_gemm, "fp8_gemm_nt"):
         return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no fp8_gemm_nt"
     return None

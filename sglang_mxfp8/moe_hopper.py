@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .deepgemm_sm90 import import_problem, load as load_deep_gemm
+from .deepgemm_sm90 import load as load_deep_gemm, load_or_why
 from .envs import env_switch
 
 logger = logging.getLogger(__name__)
@@ -57,10 +57,9 @@ def deepgemm_unavailable() -> Optional[str]:
     end-row ("psum") layout of the contiguous grouped GEMM or the 128-row alignment this path writes."""
     if not env_switch(DEEPGEMM_PREFILL_ENV, default=True):
         return f"{DEEPGEMM_PREFILL_ENV}=0"
-    problem = import_problem()
-    if problem:
-        return problem
-    deep_gemm = load_deep_gemm()
+    deep_gemm, why = load_or_why()
+    if why:
+        return why
     gemm = getattr(deep_gemm, "m_grouped_fp8_gemm_nt_contiguous", None)
     if gemm is None or "use_psum_layout" not in (gemm.__doc__ or ""):
         return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no contiguous grouped GEMM with use_psum_layout"

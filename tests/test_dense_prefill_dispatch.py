@@ -132,7 +132,7 @@ def test_missing_deep_gemm_costs_no_flashinfer_import():
     FlashInfer's GEMM module first, with the same one-line reason."""
     code = ("import sys\n"
             "from sglang_mxfp8 import deepgemm_sm90\n"
-            "print(deepgemm_sm90.import_problem())\n"
+            "print(deepgemm_sm90.load_or_why()[1])\n"
             "print('flashinfer.gemm' in sys.modules)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
