@@ -8,6 +8,7 @@ buffers owned by :mod:`sglang_mxfp8.refit`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -41,11 +42,9 @@ def _announce_once() -> None:
     )
 
 
+@functools.lru_cache(maxsize=None)
 def _note_prefill_once(kind: str, min_tokens: int, why_not_deepgemm: Optional[str]) -> None:
-    """Log which kernel takes the Hopper MoE's prefill batches, once per process."""
-    if getattr(_note_prefill_once, "done", False):
-        return
-    _note_prefill_once.done = True
+    """Log which kernel takes the Hopper MoE's prefill batches, once per process (as dense._note_dense_prefill_once)."""
     if kind == "deepgemm":
         logger.info("MoE batches of %d+ tokens: DeepGEMM's grouped FP8 GEMM", min_tokens)
     else:
