@@ -168,9 +168,10 @@ class DeepGemmGroupedMoE:
         counts = torch.zeros(self.experts, dtype=torch.int32, device=x.device)
         counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
         padded = (counts + 127) // 128 * 128
-        starts = torch.cumsum(padded, 0, dtype=torch.int32) - padded
+        segment_ends = torch.cumsum(padded, 0, dtype=torch.int32)
+        starts = segment_ends - padded
         ends = starts + counts
-        rows_used = padded.sum(dtype=torch.int32).view(1)
+        rows_used = segment_ends[-1:]  # every expert's padded rows
         per_expert = dict(use_psum_layout=True, expected_m_for_psum_layout=-(-m * top_k // self.experts))
         a, a_scale, slots = moe_scatter_quant(x, topk_ids, starts, rows)
         h = torch.empty((rows, w13.shape[1]), dtype=x.dtype, device=x.device)
