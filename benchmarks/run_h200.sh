@@ -67,6 +67,15 @@ deepgemm_env() {
   python3 -c "import deep_gemm; print('deep_gemm', deep_gemm.__version__)"
 }
 
+deepgemm_compile_twice() {
+  # DeepGEMM's kernels for the prefill range compiled at load as a server does (bench_deepgemm_precompile.py), into
+  # its cache folder ($DG_JIT_CACHE_DIR, else ~/.deep_gemm; empty on a fresh machine), then again read back from it
+  for run in "empty cache" "cache on disk"; do
+    timeout 200 python3 benchmarks/kernels/bench_deepgemm_precompile.py --out "$OUT/deepgemm_precompile_${run// /_}.md" \
+      --label "$run" 2>&1 | grep "^|"
+  done
+}
+
 case "${1:-kernels}" in
 fa3-install)
   python3 benchmarks/e2e/ship_fa3.py install /tmp/fa3_chunks
@@ -142,10 +151,7 @@ e2e-prep)
   python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4
   if [ "${DEEPGEMM:-0}" = 1 ]; then  # DeepGEMM's kernels into its disk cache (~/.deep_gemm), timed cold then warm
     deepgemm_env || exit 1
-    for run in "empty cache" "cache on disk"; do
-      timeout 200 python3 benchmarks/kernels/bench_deepgemm_precompile.py --out "$OUT/deepgemm_precompile_${run// /_}.md" \
-        --label "$run" 2>&1 | grep "^|"
-    done
+    deepgemm_compile_twice
   fi
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" --prepare-only
   df -h /tmp | tail -1
@@ -241,10 +247,7 @@ deepgemm-dense)
   deepgemm_env || exit 1
   python3 -m pytest -q -rf tests/gpu -k "deepgemm or prefill or cublas" 2>&1 | tail -12
   export DG_JIT_CACHE_DIR=/tmp/dg_probe  # an empty cache folder, then the same one again
-  for run in "empty cache" "cache on disk"; do
-    timeout 150 python3 benchmarks/kernels/bench_deepgemm_precompile.py --out "$OUT/deepgemm_precompile_${run// /_}.md" \
-      --label "$run" 2>&1 | grep "^|"
-  done
+  deepgemm_compile_twice
   unset DG_JIT_CACHE_DIR
   timeout 200 python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_deepgemm_prefill.md" --flashinfer --deepgemm \
     --timer graph --ms ${DENSE_MS:-256 512} 2>&1 | grep "^|\|:"
