@@ -39,7 +39,7 @@ export FLASHINFER_WORKSPACE_BASE=/tmp/fi_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 deepgemm_env() {
-  # DeepGEMM for the Hopper MoE's prefill batches (moe_hopper.DeepGemmGroupedMoE). .deepgemm (git-ignored,
+  # DeepGEMM for prefill batches (moe_hopper.DeepGemmGroupedMoE, deepgemm_sm90.dense_gemm). .deepgemm (git-ignored,
   # carried): DeepGEMM's sources (git clone https://github.com/deepseek-ai/DeepGEMM .deepgemm; checkout 54e2261,
   # without its submodules) with fmt's headers in .deepgemm/third-party/fmt/include (CUTLASS's come from FlashInfer's
   # wheel), and prebuilt/_C.so where an earlier machine of this image built it (the deepgemm phase writes
