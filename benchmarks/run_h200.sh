@@ -16,7 +16,7 @@
 #   bash benchmarks/run_h200.sh gemv      # one-token GEMVs (dense, MoE): GPU tests and tile sweeps vs BF16 and our MXFP8 paths
 #   bash benchmarks/run_h200.sh prefill   # MoE GPU tests (weight-only, CUTLASS prefill path) + the MoE candidates table
 #   bash benchmarks/run_h200.sh e2e       # served tok/s and decode latency, Qwen3-30B-A3B-shaped, BF16 vs MXFP8
-#   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own); DEEPGEMM=1: DeepGEMM's kernels compiled and timed
+#   bash benchmarks/run_h200.sh e2e-prep  # MoE GPU tests + the e2e checkpoints at E2E_LAYERS (deep models: a command of its own); DEEPGEMM=1: DeepGEMM's GPU tests, its kernels compiled and timed
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
 #   bash benchmarks/run_h200.sh deepgemm  # DeepGEMM prefill MoE (carry .deepgemm): GPU tests, table vs CUTLASS grouped, Triton, BF16; DENSE=1: dense too
 #   bash benchmarks/run_h200.sh deepgemm-dense  # DeepGEMM dense prefill (carry .deepgemm): GPU tests, its compile cost at load, dense table at 256 and 512 tokens
@@ -148,11 +148,13 @@ stock)
   ;;
 e2e-prep)
   # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints
-  python3 -m pytest -q tests/gpu -k "moe or weight_only" 2>&1 | tail -4
-  if [ "${DEEPGEMM:-0}" = 1 ]; then  # DeepGEMM's kernels into its disk cache (~/.deep_gemm), timed cold then warm
+  TESTS="moe or weight_only"
+  if [ "${DEEPGEMM:-0}" = 1 ]; then  # DeepGEMM's GPU tests too, and its kernels into its disk cache (~/.deep_gemm), timed cold then warm
     deepgemm_env || exit 1
-    deepgemm_compile_twice
+    TESTS="$TESTS or deepgemm"
   fi
+  python3 -m pytest -q -rf tests/gpu -k "$TESTS" 2>&1 | tail -8
+  [ "${DEEPGEMM:-0}" = 1 ] && deepgemm_compile_twice
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" --prepare-only
   df -h /tmp | tail -1
   ;;
