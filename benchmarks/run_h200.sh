@@ -149,12 +149,13 @@ stock)
 e2e-prep)
   # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints
   TESTS="moe or weight_only"
-  if [ "${DEEPGEMM:-0}" = 1 ]; then  # DeepGEMM's GPU tests too, and its kernels into its disk cache (~/.deep_gemm), timed cold then warm
+  if [ "${DEEPGEMM:-0}" = 1 ]; then
+    # DeepGEMM's kernels into its disk cache (~/.deep_gemm), timed cold then warm (before the tests fill it); its GPU tests
     deepgemm_env || exit 1
+    deepgemm_compile_twice
     TESTS="$TESTS or deepgemm"
   fi
   python3 -m pytest -q -rf tests/gpu -k "$TESTS" 2>&1 | tail -8
-  [ "${DEEPGEMM:-0}" = 1 ] && deepgemm_compile_twice
   python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" --prepare-only
   df -h /tmp | tail -1
   ;;
