@@ -352,7 +352,7 @@ def main():
     mx_names = [n for n in results if n != "BF16"]
     lines = [f"Qwen3-30B-A3B-shaped, {args.layers} layers, random weights; input {args.input_len}, output "
              f"{args.output_len} tokens (ignore_eos); one server at a time, same run; output tok/s (ratio to BF16), "
-             (f"median of {args.repeats} windows of {args.window_seconds:g} s in one run of back-to-back requests per "
+             + (f"median of {args.repeats} windows of {args.window_seconds:g} s in one run of back-to-back requests per "
               f"client, the clients' starts spread over {args.ramp_seconds:g} s. Each window in brackets."
               if args.window_seconds else
               f"median of {args.repeats} rounds of " + (f"{args.round_seconds:g} s of back-to-back requests per client."
