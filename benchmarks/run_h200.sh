@@ -20,6 +20,7 @@
 #   bash benchmarks/run_h200.sh tp-shards # one TP2 rank's dense and MoE layer shards, timed on one GPU
 #   bash benchmarks/run_h200.sh deepgemm  # DeepGEMM prefill MoE (carry .deepgemm): GPU tests, table vs CUTLASS grouped, Triton, BF16; DENSE=1: dense too
 #   bash benchmarks/run_h200.sh deepgemm-dense  # DeepGEMM dense prefill (carry .deepgemm): GPU tests, its compile cost at load, dense table at 256 and 512 tokens
+#   bash benchmarks/run_h200.sh prefill-host  # eager prefill layers (dense, MoE): GPU time against the host's time to issue each call
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
 set -uo pipefail
@@ -254,6 +255,11 @@ deepgemm-dense)
   unset DG_JIT_CACHE_DIR
   timeout 200 python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_deepgemm_prefill.md" --flashinfer --deepgemm \
     --timer graph --ms ${DENSE_MS:-256 512} 2>&1 | grep "^|\|:"
+  ;;
+prefill-host)
+  # eager prefill layers: GPU time vs the host's time to issue them (carry .deepgemm for DeepGEMM's rows)
+  deepgemm_env
+  timeout 400 python3 benchmarks/kernels/bench_prefill_host.py --out "$OUT/prefill_host.md" 2>&1 | grep "^|\|Error"
   ;;
 tune)
   python3 benchmarks/kernels/sweep_triton.py --out "$OUT/sweep.md"
