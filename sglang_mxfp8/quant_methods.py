@@ -12,9 +12,11 @@ import functools
 import logging
 import multiprocessing
 import os
-from typing import Any, Dict, Optional
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+from sglang.srt.compilation.piecewise_context_manager import is_in_piecewise_cuda_graph
 from sglang.srt.layers.moe import MoeRunner, MoeRunnerBackend, get_moe_runner_backend
 from sglang.srt.layers.moe.moe_runner.triton import TritonMoeQuantInfo
 from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod, Fp8MoEMethod
@@ -143,6 +145,24 @@ class Mxfp8Config(Fp8Config):
         return super().get_quant_method(layer, prefix)
 
 
+_LINEAR_LAYERS: List[Tuple[weakref.ref, int]] = []  # (layer, output size) by layer.mxfp8_linear_index
+
+
+@torch.library.custom_op("sglang_mxfp8::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, bias: Optional[torch.Tensor], layer_index: int) -> torch.Tensor:
+    """One MXFP8 linear layer as a single opaque op for SGLang's piecewise CUDA graphs (on by default): SGLang
+    traces the model with torch.compile(fullgraph=True) before capturing prefill graphs, and our kernels' host code
+    (FlashInfer's JIT loader, DeepGEMM's bindings) cannot be traced. The op runs the layer eagerly while the graph
+    is captured, as SGLang's own MXFP8 and MoE ops do."""
+    layer = _LINEAR_LAYERS[layer_index][0]()
+    return layer.quant_method.backend.apply(layer, x, bias)
+
+
+@_linear_op.register_fake
+def _(x, bias, layer_index):
+    return x.new_empty((*x.shape[:-1], _LINEAR_LAYERS[layer_index][1]))
+
+
 class Mxfp8LinearMethod(Fp8LinearMethod):
     """MXFP8 linear layer: SGLang's parameters, our kernels (see :mod:`sglang_mxfp8.dense`)."""
 
@@ -163,6 +183,8 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         self.quant_config.rename_scales(layer, ("",))
         layer.mxfp8_loads = LoadTracker(self.prefix, {"": (layer.weight, getattr(layer, self.quant_config.scale_name))})
         self.backend.create_buffers(layer, n, k)
+        layer.mxfp8_linear_index = len(_LINEAR_LAYERS)
+        _LINEAR_LAYERS.append((weakref.ref(layer), n))
         logger.debug("sglang_mxfp8: %s [%d x %d] -> %s", self.prefix, n, k, self.backend.choice)
 
     def process_weights_after_loading(self, layer) -> None:
@@ -172,6 +194,8 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         ConversionReport.add(stats, layer.weight.numel())
 
     def apply(self, layer, x, bias=None):
+        if is_in_piecewise_cuda_graph():  # being traced for (or replayed as) a piecewise CUDA graph
+            return torch.ops.sglang_mxfp8.linear(x, bias, layer.mxfp8_linear_index)
         return self.backend.apply(layer, x, bias)
 
 
