@@ -21,6 +21,7 @@
 #   bash benchmarks/run_h200.sh deepgemm  # DeepGEMM prefill MoE (carry .deepgemm): GPU tests, table vs CUTLASS grouped, Triton, BF16; DENSE=1: dense too
 #   bash benchmarks/run_h200.sh deepgemm-dense  # DeepGEMM dense prefill (carry .deepgemm): GPU tests, its compile cost at load, dense table at 256 and 512 tokens
 #   bash benchmarks/run_h200.sh prefill-host  # eager prefill layers (dense, MoE): GPU time against the host's time to issue each call
+#   bash benchmarks/run_h200.sh piecewise # tiny MXFP8 model served with SGLang's default piecewise CUDA graphs vs without, refits
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
 set -uo pipefail
@@ -260,6 +261,22 @@ prefill-host)
   # eager prefill layers: GPU time vs the host's time to issue them (carry .deepgemm for DeepGEMM's rows)
   deepgemm_env
   timeout 400 python3 benchmarks/kernels/bench_prefill_host.py --out "$OUT/prefill_host.md" 2>&1 | grep "^|\|Error"
+  ;;
+piecewise)
+  # SGLang's piecewise CUDA graphs (its default: prefill batches up to the chunked prefill size replayed from graphs;
+  # every other served run here turns them off): the same tiny MXFP8 model served without and with them, then refit
+  python3 - <<'PY'
+from sglang_mxfp8.tiny_model import write_qwen3_moe
+from sglang_mxfp8.convert import convert
+write_qwen3_moe("/tmp/tm_bf16", seed=0); write_qwen3_moe("/tmp/tm2_bf16", seed=1)
+convert("/tmp/tm_bf16", "/tmp/tm_mx", force=True, progress=False); convert("/tmp/tm2_bf16", "/tmp/tm2_mx", force=True, progress=False)
+PY
+  FL="--fp8-gemm-backend ${PIECEWISE_DENSE:-triton} --moe-runner-backend triton"
+  timeout 560 python3 benchmarks/e2e/serve_check.py --out "$OUT" \
+    --server mx_eager=/tmp/tm_mx:"$FL" \
+    --server mx_piecewise=/tmp/tm_mx:"$FL --enforce-piecewise-cuda-graph" --refit mx_piecewise=/tmp/tm_mx,/tmp/tm2_mx \
+    --compare mx_eager,mx_piecewise --compare mx_piecewise,mx_piecewise+refit_same --compare mx_piecewise,mx_piecewise+refit_other
+  grep -h "Capture piecewise\|Piecewise\|Error\|error" "$OUT"/server_mx_piecewise.log | head -8
   ;;
 tune)
   python3 benchmarks/kernels/sweep_triton.py --out "$OUT/sweep.md"
