@@ -272,10 +272,11 @@ write_qwen3_moe("/tmp/tm_bf16", seed=0); write_qwen3_moe("/tmp/tm2_bf16", seed=1
 convert("/tmp/tm_bf16", "/tmp/tm_mx", force=True, progress=False); convert("/tmp/tm2_bf16", "/tmp/tm2_mx", force=True, progress=False)
 PY
   FL="--fp8-gemm-backend ${PIECEWISE_DENSE:-triton} --moe-runner-backend triton"
+  EAGER=(--server mx_eager=/tmp/tm_mx:"$FL" --compare mx_eager,mx_piecewise)  # PIECEWISE_ONLY=1: the piecewise server alone
+  [ -n "${PIECEWISE_ONLY:-}" ] && EAGER=()
   timeout ${PIECEWISE_TIMEOUT:-560} python3 benchmarks/e2e/serve_check.py --out "$OUT" \
     --server mx_piecewise=/tmp/tm_mx:"$FL --enforce-piecewise-cuda-graph" --refit mx_piecewise=/tmp/tm_mx,/tmp/tm2_mx \
-    --server mx_eager=/tmp/tm_mx:"$FL" \
-    --compare mx_eager,mx_piecewise --compare mx_piecewise,mx_piecewise+refit_same --compare mx_piecewise,mx_piecewise+refit_other
+    "${EAGER[@]}" --compare mx_piecewise,mx_piecewise+refit_same --compare mx_piecewise,mx_piecewise+refit_other
   grep -h "Capture piecewise\|Piecewise\|Error\|error" "$OUT"/server_mx_piecewise.log | head -8
   ;;
 tune)
