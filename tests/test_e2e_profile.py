@@ -133,10 +133,10 @@ def test_each_round_records_what_its_rate_is_made_of(port, round_seconds):
     assert result["decode_ms_per_token"] == pytest.approx(1e3 * SECONDS_PER_TOKEN, rel=0.5)
 
 
-def test_steady_windows_rate_the_requests_finishing_inside_each(port):
-    """3 clients started over 0.3 s, two 0.5 s windows from 0.6 s on: a 20 ms request each time, so 75 finish in a
-    window at 3 in flight (the client thread's own overhead makes it fewer, never more); each window's rate is
-    its tokens over its length, and the rounds' median is the reported rate."""
+def test_steady_windows_rate_the_requests_inside_each(port):
+    """3 clients started over 0.3 s, two 0.5 s windows from 0.6 s on: a 20 ms request each time, so at most 3 x 20
+    tokens per 20 ms, 1500 per window (the client threads' own overhead makes it fewer, never more); each window's
+    rate is its tokens over its length, and the windows' median is the reported rate."""
     args = Namespace(concurrency=[3], repeats=2, round_seconds=0, window_seconds=0.5, ramp_seconds=0.3,
                      input_len=64, output_len=20, decode_tokens=20)
     t0 = time.perf_counter()
@@ -144,10 +144,23 @@ def test_steady_windows_rate_the_requests_finishing_inside_each(port):
     windows, rates = result["c3_rounds"], result["c3_runs"]
     assert len(windows) == len(rates) == 2
     for w, rate in zip(windows, rates):
-        assert w["seconds"] == 0.5 and w["tokens"] == 20 * w["requests"] and 30 <= w["requests"] <= 75
+        assert w["seconds"] == 0.5 and 750 <= w["tokens"] <= 1500 and 30 <= w["requests"] <= 75
         assert rate == w["tokens"] / 0.5
     assert result["c3"] == pytest.approx(sum(rates) / 2)
     assert time.perf_counter() - t0 >= 0.6 + 2 * 0.5
+
+
+def test_steady_windows_do_not_count_waves(port):
+    """Clients started together with requests longer than a window's part: 3 requests of 200 ms each finish together
+    every 200 ms, so 0.3 s windows see one or two waves end (600 or 1200 tokens by finished requests); by each
+    request's share of time inside the window, every window holds 3 x 0.3 s of generation: 900 tokens at most,
+    nearly that in each (the clients' gaps between requests are short)."""
+    args = Namespace(concurrency=[3], repeats=4, round_seconds=0, window_seconds=0.3, ramp_seconds=0.0,
+                     input_len=64, output_len=200, decode_tokens=20)
+    windows = bench.steady_windows(port, 3, args, lambda r=None: [1] * 64)
+    finished = [w["requests"] for w in windows]
+    assert set(finished) <= {0, 3, 6} and len(set(finished)) > 1  # whole waves end inside a window: uneven counts
+    assert all(800 <= w["tokens"] <= 900 for w in windows), windows
 
 
 def test_table_cell_shows_the_median_and_every_round():
