@@ -4,7 +4,7 @@ the GPU is held busy by a sleep kernel, so nothing waits on the GPU). Where the 
 eager prefill layer runs at the host's speed, not the kernel's.
 
 Qwen3-30B-A3B shapes: the dense qkv (2048->5120) and o (4096->2048) layers through the FlashInfer backend's own
-apply (DeepGEMM from 1024 tokens where deep_gemm imports, else cuBLAS) and each prefill kernel alone, the MoE layer
+apply (DeepGEMM from 1024 tokens where deep_gemm imports, else cuBLAS) against BF16 cuBLAS, the MoE layer
 (E=128, H=2048, I=768, top-8) on SGLang's BF16 fused MoE, SGLang's Triton block-FP8 fused MoE, our DeepGEMM grouped
 MoE and SGLang's CUTLASS grouped MoE.
 
