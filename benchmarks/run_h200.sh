@@ -180,10 +180,13 @@ e2e)
   # (or "no GEMV MoE=SGLANG_MXFP8_MOE_GEMV=0 ..."), with E2E_ARGS="--concurrency 1 --profile-batch 1"
   # E2E_FLAGS: more launch flags for every server, after the base ones (the last of a repeated flag wins), e.g.
   # E2E_FLAGS="--attention-backend fa3" once fa3-install has run on this machine
+  # SGLang's piecewise CUDA graphs for prefill batches, its default (sglang_mxfp8.serving's base flags turn them off
+  # for quick starts), unless PIECEWISE=0 (every e2e run before the sixteenth session ran without them)
+  PCG=""; [ "${PIECEWISE:-1}" = 1 ] && PCG=" --enforce-piecewise-cuda-graph"
   MEASURE="--round-seconds ${ROUND_SECONDS:-6}"
   [ -n "${WINDOW_SECONDS:-}" ] && MEASURE="--window-seconds $WINDOW_SECONDS"
   timeout 580 python3 benchmarks/e2e/bench_throughput.py --out "$OUT" --layers "${E2E_LAYERS:-8}" \
-    --flags "--cuda-graph-max-bs 128${E2E_FLAGS:+ $E2E_FLAGS}" \
+    --flags "--cuda-graph-max-bs 128${PCG}${E2E_FLAGS:+ $E2E_FLAGS}" \
     --mx "flashinfer dense=--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" \
     ${E2E_MX:+--mx "$E2E_MX"} \
     --profile-steps 16 --profile-batch 1 128 $MEASURE ${E2E_ARGS:-}
