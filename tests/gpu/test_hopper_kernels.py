@@ -539,3 +539,44 @@ def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
     be.gemv = False
     assert "_w8a16_gemv_kernel" not in _kernels_launched(lambda: be.apply(layer, x[:1]))
     assert torch.equal(two, be.apply(layer, x))
+
+
+@pytest.mark.parametrize("m", [16, 1024])
+def test_linear_op_traced_for_piecewise_graphs_replays_the_eager_layer(m, monkeypatch):
+    """SGLang's piecewise CUDA graphs: the real linear method on FlashInfer's backend (DeepGEMM or cuBLAS from 1024
+    tokens), traced by torch.compile(fullgraph=True) with SGLang's piecewise flag set, then captured in a CUDA graph:
+    each replay gives the eager layer's output bit for bit, NaN where it has NaN (a NaN token in the batch)."""
+    pytest.importorskip("flashinfer")
+    import sglang.srt.layers.quantization.fp8 as fp8
+    from sglang.srt.compilation.piecewise_context_manager import enable_piecewise_cuda_graph
+    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+    from sglang.srt.model_loader.weight_utils import default_weight_loader
+
+    from conftest import set_server_args
+    from sglang_mxfp8 import quant_methods as qm
+
+    initialize_fp8_gemm_config(set_server_args(fp8_gemm_runner_backend="flashinfer_trtllm"))
+    monkeypatch.setattr(fp8, "get_tensor_model_parallel_world_size", lambda: 1)  # one GPU's sizes, no process group
+    cfg = qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
+                                      "weight_block_size": [1, 32]})
+    layer = torch.nn.Module()
+    layer.quant_method = qm.Mxfp8LinearMethod(cfg, "model.layers.0.self_attn.o_proj")
+    layer.quant_method.create_weights(layer, 4096, [2048], 4096, 2048, torch.bfloat16, weight_loader=default_weight_loader)
+    q, s = quantize_mxfp8(torch.randn(2048, 4096, device="cuda") * 0.02)
+    layer.weight.data.copy_(q)
+    getattr(layer, cfg.scale_name).data.copy_(s)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert type(layer.quant_method.backend) is HopperFlashInferDense
+    x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+    x[-1, 3] = float("nan")
+    eager = layer.quant_method.apply(layer, x)
+    compiled = torch.compile(lambda t: layer.quant_method.apply(layer, t), fullgraph=True, backend="eager", dynamic=False)
+    with enable_piecewise_cuda_graph():
+        compiled(x)  # trace, then one eager run of the traced graph (kernels compiled outside the capture)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = compiled(x)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.isnan(), eager.isnan()) and torch.equal(out.nan_to_num(), eager.nan_to_num())
