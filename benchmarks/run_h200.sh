@@ -78,6 +78,16 @@ deepgemm_compile_twice() {
   done
 }
 
+tiny_checkpoints() {
+  # two tiny Qwen3-MoE checkpoints with different weights, BF16 and MXFP8: /tmp/tm_{bf16,mx}, /tmp/tm2_{bf16,mx}
+  python3 - <<'PY'
+from sglang_mxfp8.tiny_model import write_qwen3_moe
+from sglang_mxfp8.convert import convert
+write_qwen3_moe("/tmp/tm_bf16", seed=0); write_qwen3_moe("/tmp/tm2_bf16", seed=1)
+convert("/tmp/tm_bf16", "/tmp/tm_mx", force=True, progress=False); convert("/tmp/tm2_bf16", "/tmp/tm2_mx", force=True, progress=False)
+PY
+}
+
 case "${1:-kernels}" in
 fa3-install)
   python3 benchmarks/e2e/ship_fa3.py install /tmp/fa3_chunks
@@ -269,12 +279,7 @@ prefill-host)
 piecewise)
   # SGLang's piecewise CUDA graphs (its default: prefill batches up to the chunked prefill size replayed from graphs;
   # every other served run here turns them off): the same tiny MXFP8 model served without and with them, then refit
-  python3 - <<'PY'
-from sglang_mxfp8.tiny_model import write_qwen3_moe
-from sglang_mxfp8.convert import convert
-write_qwen3_moe("/tmp/tm_bf16", seed=0); write_qwen3_moe("/tmp/tm2_bf16", seed=1)
-convert("/tmp/tm_bf16", "/tmp/tm_mx", force=True, progress=False); convert("/tmp/tm2_bf16", "/tmp/tm2_mx", force=True, progress=False)
-PY
+  tiny_checkpoints
   FL="--fp8-gemm-backend ${PIECEWISE_DENSE:-triton} --moe-runner-backend triton"
   EAGER=(--server mx_eager=/tmp/tm_mx:"$FL" --compare mx_eager,mx_piecewise)  # PIECEWISE_ONLY=1: the piecewise server alone
   [ -n "${PIECEWISE_ONLY:-}" ] && EAGER=()
@@ -288,12 +293,7 @@ tune)
   sglang-mxfp8 demo --workdir /tmp/demo 2>&1 | tee "$OUT/demo.txt"
   ;;
 serve)
-  python3 - <<'PY'
-from sglang_mxfp8.tiny_model import write_qwen3_moe
-from sglang_mxfp8.convert import convert
-write_qwen3_moe("/tmp/tm_bf16", seed=0); write_qwen3_moe("/tmp/tm2_bf16", seed=1)
-convert("/tmp/tm_bf16", "/tmp/tm_mx", force=True, progress=False); convert("/tmp/tm2_bf16", "/tmp/tm2_mx", force=True, progress=False)
-PY
+  tiny_checkpoints
   python3 benchmarks/e2e/serve_check.py --out "$OUT" \
     --server bf16=/tmp/tm_bf16 \
     --server mx_triton=/tmp/tm_mx:"--fp8-gemm-backend triton --moe-runner-backend triton" \
