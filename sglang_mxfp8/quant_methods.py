@@ -13,7 +13,7 @@ import logging
 import multiprocessing
 import os
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 from sglang.srt.compilation.piecewise_context_manager import is_in_piecewise_cuda_graph
@@ -145,7 +145,7 @@ class Mxfp8Config(Fp8Config):
         return super().get_quant_method(layer, prefix)
 
 
-_LINEAR_LAYERS: List[Tuple[weakref.ref, int]] = []  # (layer, output size) by layer.mxfp8_linear_index
+_LINEAR_LAYERS: List[weakref.ref] = []  # our linear layers, by layer.mxfp8_linear_index
 
 
 @torch.library.custom_op("sglang_mxfp8::linear", mutates_args=())
@@ -154,13 +154,13 @@ def _linear_op(x: torch.Tensor, bias: Optional[torch.Tensor], layer_index: int) 
     traces the model with torch.compile(fullgraph=True) before capturing prefill graphs, and our kernels' host code
     (FlashInfer's JIT loader, DeepGEMM's bindings) cannot be traced. The op runs the layer eagerly while the graph
     is captured, as SGLang's own MXFP8 and MoE ops do."""
-    layer = _LINEAR_LAYERS[layer_index][0]()
+    layer = _LINEAR_LAYERS[layer_index]()
     return layer.quant_method.backend.apply(layer, x, bias)
 
 
 @_linear_op.register_fake
 def _(x, bias, layer_index):
-    return x.new_empty((*x.shape[:-1], _LINEAR_LAYERS[layer_index][1]))
+    return x.new_empty((*x.shape[:-1], _LINEAR_LAYERS[layer_index]().weight.shape[0]))  # weight: [N, K] as loaded
 
 
 class Mxfp8LinearMethod(Fp8LinearMethod):
@@ -184,7 +184,7 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         layer.mxfp8_loads = LoadTracker(self.prefix, {"": (layer.weight, getattr(layer, self.quant_config.scale_name))})
         self.backend.create_buffers(layer, n, k)
         layer.mxfp8_linear_index = len(_LINEAR_LAYERS)
-        _LINEAR_LAYERS.append((weakref.ref(layer), n))
+        _LINEAR_LAYERS.append(weakref.ref(layer))
         logger.debug("sglang_mxfp8: %s [%d x %d] -> %s", self.prefix, n, k, self.backend.choice)
 
     def process_weights_after_loading(self, layer) -> None:
