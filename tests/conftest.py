@@ -59,6 +59,28 @@ def set_server_args(**overrides):
     return args
 
 
+def mxfp8_linear(prefix: str, w, s):
+    """A real MXFP8 linear layer as SGLang builds one: our linear method's create_weights on w's device (the backend
+    that the process's --fp8-gemm-backend and GPU choose), w [N, K] e4m3 and its MXFP8 scales s copied in as the
+    loader does, then the post-load processing."""
+    import torch
+    from sglang.srt.model_loader.weight_utils import default_weight_loader
+
+    from sglang_mxfp8 import quant_methods as qm
+
+    cfg = qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
+                                      "weight_block_size": [1, 32]})
+    n, k = w.shape
+    layer = torch.nn.Module()
+    layer.quant_method = qm.Mxfp8LinearMethod(cfg, prefix)
+    with torch.device(w.device):
+        layer.quant_method.create_weights(layer, k, [n], k, n, torch.bfloat16, weight_loader=default_weight_loader)
+    layer.weight.data.copy_(w)
+    getattr(layer, cfg.scale_name).data.copy_(s)
+    layer.quant_method.process_weights_after_loading(layer)
+    return layer
+
+
 @pytest.fixture
 def miles_ckpt(tmp_path):
     return write_config(tmp_path / "miles", MILES_QUANT)

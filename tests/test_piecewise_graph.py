@@ -13,8 +13,7 @@ import torch
 import sglang.srt.layers.quantization.fp8 as fp8
 from sglang.srt.compilation.piecewise_context_manager import enable_piecewise_cuda_graph
 from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
-from sglang.srt.model_loader.weight_utils import default_weight_loader
-from sglang_mxfp8 import dense, quant_methods as qm
+from sglang_mxfp8 import dense
 from sglang_mxfp8.cli import KNOWN_GPUS
 from sglang_mxfp8.numerics import quantize_mxfp8
 from sglang_mxfp8.resolver import GpuSpec
@@ -25,18 +24,8 @@ dense.current_gpu = lambda: GpuSpec(*KNOWN_GPUS["h200"])  # the kernel choice an
 fp8.get_tensor_model_parallel_world_size = lambda: 1  # no process group on this machine: one GPU's sizes
 torch.manual_seed(0)
 n, k = 320, 256
-cfg = qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic", "weight_block_size": [1, 32]})
-layers = []
-for prefix in ("model.layers.0.self_attn.o_proj", "model.layers.0.mlp.down_proj"):
-    layer = torch.nn.Module()
-    method = qm.Mxfp8LinearMethod(cfg, prefix)
-    layer.quant_method = method
-    method.create_weights(layer, k, [n], k, n, torch.bfloat16, weight_loader=default_weight_loader)
-    w, s = quantize_mxfp8(torch.randn(n, k) * torch.logspace(-2, 1, k))
-    layer.weight.data.copy_(w)
-    getattr(layer, cfg.scale_name).data.copy_(s)
-    method.process_weights_after_loading(layer)
-    layers.append(layer)
+layers = [conftest.mxfp8_linear(prefix, *quantize_mxfp8(torch.randn(n, k) * torch.logspace(-2, 1, k)))
+          for prefix in ("model.layers.0.self_attn.o_proj", "model.layers.0.mlp.down_proj")]
 print("backend", type(layers[0].quant_method.backend).__name__)
 bias = torch.randn(n).to(torch.bfloat16)
 

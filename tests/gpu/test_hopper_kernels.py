@@ -550,23 +550,16 @@ def test_linear_op_traced_for_piecewise_graphs_replays_the_eager_layer(m, monkey
     import sglang.srt.layers.quantization.fp8 as fp8
     from sglang.srt.compilation.piecewise_context_manager import enable_piecewise_cuda_graph
     from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
-    from sglang.srt.model_loader.weight_utils import default_weight_loader
 
-    from conftest import set_server_args
-    from sglang_mxfp8 import quant_methods as qm
+    from conftest import mxfp8_linear, set_server_args
+    from sglang_mxfp8 import deepgemm_sm90, flashinfer_sm90
 
+    for env in (flashinfer_sm90.PRECOMPILE_ENV, deepgemm_sm90.PRECOMPILE_ENV):  # the two batch sizes compile on use
+        monkeypatch.setenv(env, "0")
     initialize_fp8_gemm_config(set_server_args(fp8_gemm_runner_backend="flashinfer_trtllm"))
     monkeypatch.setattr(fp8, "get_tensor_model_parallel_world_size", lambda: 1)  # one GPU's sizes, no process group
-    cfg = qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
-                                      "weight_block_size": [1, 32]})
-    layer = torch.nn.Module()
-    layer.quant_method = qm.Mxfp8LinearMethod(cfg, "model.layers.0.self_attn.o_proj")
-    layer.quant_method.create_weights(layer, 4096, [2048], 4096, 2048, torch.bfloat16, weight_loader=default_weight_loader)
-    q, s = quantize_mxfp8(torch.randn(2048, 4096, device="cuda") * 0.02)
-    layer.weight.data.copy_(q)
-    getattr(layer, cfg.scale_name).data.copy_(s)
-    layer.quant_method.process_weights_after_loading(layer)
-    assert type(layer.quant_method.backend) is HopperFlashInferDense
+    layer = mxfp8_linear("model.layers.0.self_attn.o_proj", *quantize_mxfp8(torch.randn(2048, 4096, device="cuda") * 0.02))
+    assert type(layer.quant_method.backend) is HopperFlashInferDense and layer.weight.is_cuda
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
     x[-1, 3] = float("nan")
     eager = layer.quant_method.apply(layer, x)
