@@ -1,6 +1,7 @@
 """Helpers of benchmarks/e2e/bench_throughput.py: the kernel-time summary it reads from SGLang's profiler trace, its
-variant specs, and its timed rounds against a real HTTP server speaking SGLang's /generate contract (what each round
-records agrees with the rate it reports; the table shows every round)."""
+variant specs, and its timed rounds, prefill latency and prefill profile against a real HTTP server speaking SGLang's
+/generate and /start_profile contract (what each round records agrees with the rate it reports; the table shows every
+round; a prefill is timed and profiled on prompts the server has not seen)."""
 
 import gzip
 import importlib.util
@@ -86,30 +87,62 @@ def test_step_timeline_needs_two_steps(tmp_path):
 
 
 SECONDS_PER_TOKEN = 1e-3
+PREFILL_SECONDS = 5e-3  # a prompt not seen before (SGLang serves a repeated one from its prefix cache)
+ARGMAX = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>"
 
 
 class Generate(BaseHTTPRequestHandler):
-    """Answers /generate after max_new_tokens x SECONDS_PER_TOKEN with that many completion tokens."""
+    """Answers /generate after max_new_tokens x SECONDS_PER_TOKEN, plus PREFILL_SECONDS for a prompt it has not seen,
+    with that many completion tokens. /start_profile as SGLang's: the next num_steps batches (here: requests) are
+    written to output_dir as a trace when the batch after them arrives; each batch's kernels are a 300 us prefill
+    GEMM for a new prompt, 10 us per token generated, and the greedy argmax."""
 
     def log_message(self, *args):
         pass
 
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert len(req["input_ids"]) == 64 and req["sampling_params"]["ignore_eos"] is True
-        n = req["sampling_params"]["max_new_tokens"]
-        time.sleep(n * SECONDS_PER_TOKEN)
-        body = json.dumps({"meta_info": {"completion_tokens": n}}).encode()
+    def _answer(self, obj):
+        body = json.dumps(obj).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server = self.server
+        if self.path == "/start_profile":
+            server.profile = dict(left=req["num_steps"], dir=Path(req["output_dir"]), events=[])
+            return self._answer({"success": True})
+        assert len(req["input_ids"]) == server.input_len and req["sampling_params"]["ignore_eos"] is True
+        n = req["sampling_params"]["max_new_tokens"]
+        fresh = tuple(req["input_ids"]) not in server.seen
+        server.seen.add(tuple(req["input_ids"]))
+        profile = server.profile
+        if profile and profile["left"] == 0:  # the batch after the last profiled one: the trace is written
+            with gzip.open(profile["dir"] / "peer.trace.json.gz", "wt") as f:
+                json.dump({"traceEvents": profile["events"]}, f)
+            server.profile = None
+        elif profile:
+            profile["left"] -= 1
+            ts = 1000.0 * len(profile["events"])
+            kernels = [("prefill_gemm", 300.0)] * fresh + [("decode", 10.0 * n), (ARGMAX, 4.0)]
+            for name, dur in kernels:
+                profile["events"].append({"cat": "kernel", "name": name, "ts": ts, "dur": dur})
+                ts += dur
+        time.sleep(n * SECONDS_PER_TOKEN + fresh * PREFILL_SECONDS)
+        self._answer({"meta_info": {"completion_tokens": n}})
+
+
+def peer(input_len: int):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Generate)
+    server.seen, server.profile, server.input_len = set(), None, input_len
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
 
 @pytest.fixture
 def port():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Generate)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = peer(64)
     yield server.server_address[1]
     server.shutdown()
 
@@ -129,8 +162,11 @@ def test_each_round_records_what_its_rate_is_made_of(port, round_seconds):
         else:  # 2 x concurrency requests, at least 8
             assert r["requests"] == 8
     assert result["c3"] == pytest.approx(sum(rates) / 2)
-    # 21 tokens take 20 x 1 ms longer than one
+    # 21 tokens take 20 x 1 ms longer than one (the prompt repeated: no prefill after the first)
     assert result["decode_ms_per_token"] == pytest.approx(1e3 * SECONDS_PER_TOKEN, rel=0.5)
+    # one token on a fresh prompt: its prefill and one token, plus the HTTP round trip (a few ms; a cached prompt
+    # would read 5 ms less)
+    assert 6.0 <= result["prefill_ms"] <= 12.0
 
 
 def test_steady_windows_rate_the_requests_inside_each(port):
@@ -166,3 +202,20 @@ def test_steady_windows_do_not_count_waves(port):
 def test_table_cell_shows_the_median_and_every_round():
     assert bench.with_rounds({"c128": 11980.4, "c128_runs": [11980.4, 9766.2, 12253.7]}, "c128") == \
         "11980 (11980, 9766, 12254)"
+
+
+def test_prefill_profile_reads_one_fresh_prompt_per_batch(tmp_path):
+    """3 prefill batches profiled: each holds the new prompt's prefill kernels once (a repeated prompt would come
+    from the prefix cache and hold none), and the table reports the GPU's busy time, not the client's period."""
+    server = peer(32)
+    try:
+        profile = bench.profile_prefill(server.server_address[1], 3, tmp_path / "trace", input_len=32)
+    finally:
+        server.shutdown()
+    rows = {name: (calls, us) for name, calls, us in profile["kernels"]}
+    assert rows["prefill_gemm"] == (1.0, 300.0) and rows[ARGMAX] == (1.0, 4.0) and rows["decode"] == (1.0, 10.0)
+    assert profile["timeline"]["steps"] == 2 and profile["timeline"]["busy_us"] == pytest.approx(314.0)
+    table = bench.profile_tables({"MXFP8, prefill": profile})
+    assert "GPU time of one prefill batch of 32 tokens, MXFP8, prefill (top 12 kernels by time):" in table
+    assert any("busy 314.0 us per step" in line for line in table)
+    assert not any("argmax to argmax" in line for line in table)

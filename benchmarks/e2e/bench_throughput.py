@@ -12,7 +12,9 @@ time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
   clients with staggered starts, --repeats windows of W seconds in its steady state (``steady_windows``). Triton kernels (SGLang's MoE, our GEMM) and FlashInfer's SM90 GEMM compile
   on first use of a new tile config or integer specialisation, which a mixed prefill batch can hit
   late: one such stall is 1-3 s, so a single timed round can be off by several times;
-- decode latency at batch 1: (time of a request with 1 + D new tokens - time with 1) / D.
+- decode latency at batch 1: (time of a request with 1 + D new tokens - time with 1) / D;
+- prefill latency: time to the one token of a request on a fresh prompt of the input length (nothing of it in
+  SGLang's prefix cache), median of 5.
 
     python benchmarks/e2e/bench_throughput.py --out OUT \
         --mx "triton=--fp8-gemm-backend triton --moe-runner-backend triton" \
@@ -22,6 +24,7 @@ Writes OUT/e2e.md (table, MXFP8/BF16 ratios measured in this run), OUT/e2e.json,
 With --profile-steps N: also where a decode step spends its GPU time at each --profile-batch (default 1),
 per server (SGLang's /start_profile over N decode steps of running requests; kernels summed by name; the GPU's
 busy time and the step period on its clock, which kernel sums cannot give when kernels overlap), in OUT/e2e.md.
+With --profile-prefill N: the same for N prefill batches, each one fresh request of the input length.
 """
 
 import argparse
@@ -87,7 +90,20 @@ def measure(port: int, args) -> dict:
             runs.append(time.perf_counter() - t0)
         times[n] = sorted(runs)[1]
     result["decode_ms_per_token"] = 1e3 * (times[1 + args.decode_tokens] - times[1]) / args.decode_tokens
+    result["prefill_ms"] = prefill_ms(port, prompt)
     return result
+
+
+def prefill_ms(port: int, prompt, repeats: int = 5) -> float:
+    """Median milliseconds to the one token of a request on a fresh prompt: its whole prefill (a prompt sent before
+    would be served from SGLang's prefix cache), one sampling step and the HTTP round trip."""
+    runs = []
+    for _ in range(repeats):
+        ids = prompt()
+        t0 = time.perf_counter()
+        generate(port, ids, 1)
+        runs.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(runs)
 
 
 def timed_rounds(port: int, c: int, args, prompt):
@@ -201,7 +217,25 @@ def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_to
             "output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"]}).raise_for_status()
         for r in running:
             r.result()
-    for _ in range(60):  # the trace is written after the last profiled step
+    return read_profile(trace_dir, steps, "decode step")
+
+
+def profile_prefill(port: int, steps: int, trace_dir: Path, input_len: int) -> dict:
+    """As ``profile_decode`` over ``steps`` prefill batches, each one request for one token on a fresh prompt of
+    ``input_len`` tokens, sent one after the other (the period between batches is the client's, not reported)."""
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random("prefill profile")
+    requests.post(f"http://127.0.0.1:{port}/start_profile", timeout=60, json={
+        "output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"]}).raise_for_status()
+    for _ in range(steps + 1):  # the profiler stops at the batch after its last step
+        generate(port, [rng.randrange(1000, 150000) for _ in range(input_len)], 1)
+    return read_profile(trace_dir, steps, f"prefill batch of {input_len} tokens")
+
+
+def read_profile(trace_dir: Path, steps: int, what: str) -> dict:
+    """The profile SGLang writes to ``trace_dir`` after its last step: "kernels" (``kernel_times``), "timeline"
+    (``step_timeline``) and "what" one step is."""
+    for _ in range(60):
         traces = sorted(trace_dir.glob("*.trace.json.gz"))
         if traces:
             break
@@ -210,7 +244,7 @@ def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_to
         raise RuntimeError(f"no trace in {trace_dir}")
     time.sleep(2)
     kernels = trace_kernels(traces[-1])
-    return {"kernels": kernel_times(kernels, steps), "timeline": step_timeline(kernels)}
+    return {"kernels": kernel_times(kernels, steps), "timeline": step_timeline(kernels), "what": what}
 
 
 def trace_kernels(trace: Path) -> list:
@@ -254,12 +288,15 @@ def step_timeline(kernels: list) -> dict | None:
 def profile_tables(profiles: dict, top: int = 12) -> list:
     lines = []
     for name, profile in profiles.items():
-        rows, timeline = profile["kernels"], profile["timeline"]
-        lines += ["", f"GPU time of one decode step, {name} (top {top} kernels by time):", "",
+        rows, timeline, what = profile["kernels"], profile["timeline"], profile.get("what", "decode step")
+        lines += ["", f"GPU time of one {what}, {name} (top {top} kernels by time):", "",
                   "| kernel | calls/step | us/step |", "|---|---|---|"]
         for kernel, calls, us in rows[:top] + rows[-1:]:
             lines.append(f"| {kernel[:90]} | {calls:.1f} | {us:.1f} |")
-        if timeline:
+        if timeline and what != "decode step":  # batches sent one by one: the time between them is the client's
+            lines += ["", f"Over {timeline['steps']} whole steps: the GPU is busy {timeline['busy_us']:.1f} us per step "
+                      "(overlapping kernels counted once)."]
+        elif timeline:
             lines += ["", f"Over {timeline['steps']} whole steps: the GPU is busy {timeline['busy_us']:.1f} us per step "
                       f"(overlapping kernels counted once), a step takes {timeline['period_us']:.1f} us on the GPU's "
                       f"clock (argmax to argmax; the rest the GPU waits for the host)."]
@@ -309,6 +346,8 @@ def main():
     ap.add_argument("--port", type=int, default=30600)
     ap.add_argument("--profile-steps", type=int, default=0, help="also profile this many decode steps per --profile-batch")
     ap.add_argument("--profile-batch", type=int, nargs="+", default=[1], help="decode batch sizes to profile")
+    ap.add_argument("--profile-prefill", type=int, default=0, metavar="N",
+                    help="also profile N prefill batches of one fresh --input-len request each")
     ap.add_argument("--prepare-only", action="store_true",
                     help="write and convert the checkpoints in --workdir, then exit (a deep model's preparation "
                          "can take a command of its own; a later run at the same --layers reuses them)")
@@ -348,6 +387,14 @@ def main():
                     print("\n".join(profile_tables({key: profiles[key]})), flush=True)
                 except (RuntimeError, requests.RequestException) as e:  # keep the throughput numbers
                     print(f"{key}: decode profile failed: {e}", flush=True)
+            if args.profile_prefill:
+                key = f"{name}, prefill"
+                try:
+                    profiles[key] = profile_prefill(args.port, args.profile_prefill,
+                                                    work / "traces" / f"{name}_prefill".replace(" ", "_"), args.input_len)
+                    print("\n".join(profile_tables({key: profiles[key]})), flush=True)
+                except (RuntimeError, requests.RequestException) as e:
+                    print(f"{key}: prefill profile failed: {e}", flush=True)
         finally:
             s.stop()
         (out / "e2e.json").write_text(json.dumps({"results": results, "commands": commands, "args": vars(args),
@@ -371,8 +418,12 @@ def main():
         lines.append(f"| {c} | {with_rounds(b, k)} | " + " | ".join(
             f"{with_rounds(results[n], k)} ({results[n][k] / b[k]:.2f}x)" for n in mx_names) + " |")
     ms = {n: r["decode_ms_per_token"] for n, r in results.items()}
+    prefill = {n: r["prefill_ms"] for n, r in results.items()}
     lines += ["", "decode latency at batch 1, ms/token: BF16 " + f"{ms['BF16']:.2f}; " + "; ".join(
         f"{n} {ms[n]:.2f} ({ms['BF16'] / ms[n]:.2f}x speed)" for n in mx_names),
+              "", f"prefill latency of one fresh {args.input_len}-token request (time to its one token, median of 5), "
+              f"ms: BF16 {prefill['BF16']:.1f}; " + "; ".join(
+                  f"{n} {prefill[n]:.1f} ({prefill['BF16'] / prefill[n]:.2f}x speed)" for n in mx_names),
               "", *[f"- {k}: `{v}`" for k, v in commands.items()], *profile_tables(profiles)]
     table = "\n".join(lines)
     (out / "e2e.md").write_text(table + "\n")
