@@ -293,13 +293,13 @@ def profile_tables(profiles: dict, top: int = 12) -> list:
                   "| kernel | calls/step | us/step |", "|---|---|---|"]
         for kernel, calls, us in rows[:top] + rows[-1:]:
             lines.append(f"| {kernel[:90]} | {calls:.1f} | {us:.1f} |")
-        if timeline and what != "decode step":  # batches sent one by one: the time between them is the client's
-            lines += ["", f"Over {timeline['steps']} whole steps: the GPU is busy {timeline['busy_us']:.1f} us per step "
-                      "(overlapping kernels counted once)."]
-        elif timeline:
-            lines += ["", f"Over {timeline['steps']} whole steps: the GPU is busy {timeline['busy_us']:.1f} us per step "
-                      f"(overlapping kernels counted once), a step takes {timeline['period_us']:.1f} us on the GPU's "
-                      f"clock (argmax to argmax; the rest the GPU waits for the host)."]
+        if timeline:
+            busy = (f"Over {timeline['steps']} whole steps: the GPU is busy {timeline['busy_us']:.1f} us per step "
+                    "(overlapping kernels counted once)")
+            # prefill batches are sent one by one: the time between them is the client's, not the server's
+            period = (f", a step takes {timeline['period_us']:.1f} us on the GPU's clock (argmax to argmax; the rest "
+                      "the GPU waits for the host)" if what == "decode step" else "")
+            lines += ["", busy + period + "."]
     return lines
 
 
