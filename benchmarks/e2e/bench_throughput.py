@@ -81,29 +81,23 @@ def measure(port: int, args) -> dict:
         result[f"c{c}_runs"] = rates
         result[f"c{c}_rounds"] = rounds
     p = prompt()
-    times = {}
-    for n in (1, 1 + args.decode_tokens):
-        runs = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            generate(port, p, n)
-            runs.append(time.perf_counter() - t0)
-        times[n] = sorted(runs)[1]
+    times = {n: statistics.median(request_seconds(port, p, n) for _ in range(3)) for n in (1, 1 + args.decode_tokens)}
     result["decode_ms_per_token"] = 1e3 * (times[1 + args.decode_tokens] - times[1]) / args.decode_tokens
     result["prefill_ms"] = prefill_ms(port, prompt)
     return result
 
 
+def request_seconds(port: int, ids, new_tokens: int) -> float:
+    """Wall seconds of one request, sent to answered."""
+    t0 = time.perf_counter()
+    generate(port, ids, new_tokens)
+    return time.perf_counter() - t0
+
+
 def prefill_ms(port: int, prompt, repeats: int = 5) -> float:
     """Median milliseconds to the one token of a request on a fresh prompt: its whole prefill (a prompt sent before
     would be served from SGLang's prefix cache), one sampling step and the HTTP round trip."""
-    runs = []
-    for _ in range(repeats):
-        ids = prompt()
-        t0 = time.perf_counter()
-        generate(port, ids, 1)
-        runs.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(runs)
+    return 1e3 * statistics.median(request_seconds(port, prompt(), 1) for _ in range(repeats))
 
 
 def timed_rounds(port: int, c: int, args, prompt):
