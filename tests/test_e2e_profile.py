@@ -20,22 +20,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 spec = importlib.util.spec_from_file_location("bench_throughput", ROOT / "benchmarks/e2e/bench_throughput.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
+ARGMAX = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>"
 
 
-def test_kernel_times_per_step_sorted_with_total(tmp_path):
-    events = [{"cat": "kernel", "name": "moe_gemm", "dur": 30.0}] * 8 + \
-             [{"cat": "kernel", "name": "act_quant", "dur": 2.5}] * 16 + \
-             [{"cat": "cpu_op", "name": "aten::mm", "dur": 500.0}, {"cat": "kernel", "name": "argmax", "dur": 4.0}]
-    trace = tmp_path / "t.trace.json.gz"
-    with gzip.open(trace, "wt") as f:
-        json.dump({"traceEvents": events}, f)
-    rows = bench.kernel_times(bench.trace_kernels(trace), steps=4)
+def test_kernel_times_per_step_sorted_with_total():
+    step = [{"name": "moe_gemm", "ts": 0.0, "dur": 30.0}] * 2 + [{"name": "act_quant", "ts": 0.0, "dur": 2.5}] * 4 + \
+           [{"name": "argmax", "ts": 0.0, "dur": 4.0}]
+    rows = bench.kernel_times([(0.0, 100.0, step)] * 4)
     assert [r[0] for r in rows] == ["moe_gemm", "act_quant", "argmax", "all kernels"]
     assert rows[0][1:] == (2.0, 60.0)
     assert rows[1][1:] == (4.0, 10.0)
-    assert rows[-1][1] == pytest.approx(6.25) and rows[-1][2] == pytest.approx(71.0)
-    table = bench.profile_tables({"MXFP8": {"kernels": rows, "timeline": None}}, top=2)
-    assert "| moe_gemm | 2.0 | 60.0 |" in table and "| all kernels | 6.2 | 71.0 |" in table
+    assert rows[-1][1] == pytest.approx(7.0) and rows[-1][2] == pytest.approx(74.0)
+    timeline = {"steps": 4, "busy_us": 50.0}
+    table = bench.profile_tables({"MXFP8": {"kernels": rows, "timeline": timeline, "what": "decode step"}}, top=2)
+    assert "| moe_gemm | 2.0 | 60.0 |" in table and "| all kernels | 7.0 | 74.0 |" in table
     assert not any("argmax" in line for line in table)
 
 
@@ -46,56 +44,53 @@ def test_variant_spec_leading_assignments_are_the_servers_environment():
     assert bench.split_env("--flag X=1") == ({}, "--flag X=1")  # a value after a flag stays a flag value
 
 
-def test_kernel_times_counts_the_steps_the_window_holds(tmp_path):
-    """One greedy argmax per decode step: a window that held 3 of the 4 steps asked for divides by 3."""
-    argmax = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>"
-    events = [{"cat": "kernel", "name": "moe_gemm", "dur": 30.0}] * 6 + [{"cat": "kernel", "name": argmax, "dur": 4.0}] * 3
-    trace = tmp_path / "t.trace.json.gz"
-    with gzip.open(trace, "wt") as f:
-        json.dump({"traceEvents": events}, f)
-    rows = bench.kernel_times(bench.trace_kernels(trace), steps=4)
-    assert rows[0] == ("moe_gemm", 2.0, 60.0)
-    assert rows[1] == (argmax, 1.0, 4.0)
+def test_whole_steps_run_from_argmax_to_argmax_and_leave_cut_steps_out():
+    """Three argmaxes close steps at 40, 140 and 240 us: two whole steps; the kernels up to the first argmax (a step
+    the window began inside) and after the last (one it stopped inside) are left out; a kernel belongs to the step
+    its end falls in."""
+    events = [{"name": "cut_before", "ts": 0.0, "dur": 10.0}, {"name": ARGMAX, "ts": 36.0, "dur": 4.0},
+              {"name": "gemm", "ts": 35.0, "dur": 20.0},  # starts before the first argmax ends: the first step's
+              {"name": ARGMAX, "ts": 136.0, "dur": 4.0}, {"name": "gemm", "ts": 150.0, "dur": 20.0},
+              {"name": ARGMAX, "ts": 236.0, "dur": 4.0}, {"name": "cut_after", "ts": 250.0, "dur": 10.0}]
+    steps = bench.whole_steps(events)
+    assert [(a, b, [e["name"] for e in ev]) for a, b, ev in steps] == [(40.0, 140.0, ["gemm", ARGMAX]),
+                                                                       (140.0, 240.0, ["gemm", ARGMAX])]
+    assert bench.step_busy_us(steps[0]) == pytest.approx(15.0 + 4.0)  # the gemm counted from the step's start
+    rows = bench.kernel_times(steps)
+    assert rows[0] == ("gemm", 1.0, 20.0) and rows[-1] == ("all kernels", 2.0, 24.0)
+    assert bench.whole_steps(events[:2]) == []
 
 
 def test_step_timeline_counts_overlapping_kernels_once_and_the_idle_gap_in_the_period(tmp_path):
     """Three steps between four argmaxes, 100 us apart: a GEMV (10 us) whose dependent launch (20 us) starts
     5 us into it, then the argmax (4 us): 34 us of kernel time per step, 29 us of busy GPU."""
-    argmax = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>"
     events = [{"cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 900.0}]
     for step in range(4):
         t = 1000.0 + 100.0 * step
         events += [{"cat": "kernel", "name": "up", "ts": t, "dur": 10.0},
                    {"cat": "kernel", "name": "down", "ts": t + 5.0, "dur": 20.0},
-                   {"cat": "kernel", "name": argmax, "ts": t + 30.0, "dur": 4.0}]
+                   {"cat": "kernel", "name": ARGMAX, "ts": t + 30.0, "dur": 4.0}]
     trace = tmp_path / "t.trace.json.gz"
     with gzip.open(trace, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    timeline = bench.step_timeline(bench.trace_kernels(trace))
+    steps = bench.whole_steps(bench.trace_kernels(trace))
+    timeline = bench.step_timeline(steps)
     assert timeline == {"steps": 3, "busy_us": pytest.approx(29.0), "period_us": pytest.approx(100.0)}
-    rows = bench.kernel_times(bench.trace_kernels(trace), steps=3)
-    assert rows[-1][2] == pytest.approx(34.0)  # the kernel sum per step (4 argmaxes: 4 steps)
-    table = bench.profile_tables({"MXFP8": {"kernels": rows, "timeline": timeline}})
+    assert bench.step_timeline(steps, consecutive=False) == {"steps": 3, "busy_us": pytest.approx(29.0)}
+    rows = bench.kernel_times(steps)
+    assert rows[-1][2] == pytest.approx(34.0)  # the kernel sum per step
+    table = bench.profile_tables({"MXFP8": {"kernels": rows, "timeline": timeline, "what": "decode step"}})
     assert "busy 29.0 us per step" in table[-1] and "takes 100.0 us" in table[-1]
-
-
-def test_step_timeline_needs_two_steps(tmp_path):
-    trace = tmp_path / "t.trace.json.gz"
-    with gzip.open(trace, "wt") as f:
-        json.dump({"traceEvents": [{"cat": "kernel", "name": "x ArgMaxOps", "ts": 0.0, "dur": 1.0}]}, f)
-    assert bench.step_timeline(bench.trace_kernels(trace)) is None
 
 
 SECONDS_PER_TOKEN = 1e-3
 PREFILL_SECONDS = 5e-3  # a prompt not seen before (SGLang serves a repeated one from its prefix cache)
-ARGMAX = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>>>"
 
 
 class Generate(BaseHTTPRequestHandler):
     """Answers /generate after max_new_tokens x SECONDS_PER_TOKEN, plus PREFILL_SECONDS for a prompt it has not seen,
-    with that many completion tokens. /start_profile as SGLang's: the next num_steps batches (here: requests) are
-    written to output_dir as a trace when the batch after them arrives; each batch's kernels are a 300 us prefill
-    GEMM for a new prompt, 10 us per token generated, and the greedy argmax."""
+    with that many completion tokens. /start_profile as SGLang's: the next num_steps batches are written to
+    output_dir as a trace when the batch after them arrives."""
 
     def log_message(self, *args):
         pass
@@ -117,18 +112,20 @@ class Generate(BaseHTTPRequestHandler):
         n = req["sampling_params"]["max_new_tokens"]
         fresh = tuple(req["input_ids"]) not in server.seen
         server.seen.add(tuple(req["input_ids"]))
-        profile = server.profile
-        if profile and profile["left"] == 0:  # the batch after the last profiled one: the trace is written
-            with gzip.open(profile["dir"] / "peer.trace.json.gz", "wt") as f:
-                json.dump({"traceEvents": profile["events"]}, f)
-            server.profile = None
-        elif profile:
-            profile["left"] -= 1
-            ts = 1000.0 * len(profile["events"])
-            kernels = [("prefill_gemm", 300.0)] * fresh + [("decode", 10.0 * n), (ARGMAX, 4.0)]
-            for name, dur in kernels:
-                profile["events"].append({"cat": "kernel", "name": name, "ts": ts, "dur": dur})
-                ts += dur
+        # its batches: the prefill (a GEMM over a new prompt), then n decode steps (the last one the overlap
+        # scheduler's, run before it sees the request finished), each closed by the greedy argmax
+        for kernels in [[("prefill_gemm", 300.0)] * fresh] + [[("decode", 10.0)]] * n:
+            profile = server.profile
+            if profile and profile["left"] == 0:  # the batch after the last profiled one: the trace is written
+                with gzip.open(profile["dir"] / "peer.trace.json.gz", "wt") as f:
+                    json.dump({"traceEvents": profile["events"]}, f)
+                server.profile = None
+            elif profile:
+                profile["left"] -= 1
+                ts = 1000.0 * len(profile["events"])
+                for name, dur in kernels + [(ARGMAX, 4.0)]:
+                    profile["events"].append({"cat": "kernel", "name": name, "ts": ts, "dur": dur})
+                    ts += dur
         time.sleep(n * SECONDS_PER_TOKEN + fresh * PREFILL_SECONDS)
         self._answer({"meta_info": {"completion_tokens": n}})
 
@@ -204,18 +201,19 @@ def test_table_cell_shows_the_median_and_every_round():
         "11980 (11980, 9766, 12254)"
 
 
-def test_prefill_profile_reads_one_fresh_prompt_per_batch(tmp_path):
+def test_prefill_profile_reads_one_fresh_prompt_per_batch_and_leaves_the_decode_steps_out(tmp_path):
     """3 prefill batches profiled: each holds the new prompt's prefill kernels once (a repeated prompt would come
-    from the prefix cache and hold none), and the table reports the GPU's busy time, not the client's period."""
+    from the prefix cache and hold none); the decode step after each is left out and said so; the table reports the
+    GPU's busy time, not the client's period."""
     server = peer(32)
     try:
         profile = bench.profile_prefill(server.server_address[1], 3, tmp_path / "trace", input_len=32)
     finally:
         server.shutdown()
     rows = {name: (calls, us) for name, calls, us in profile["kernels"]}
-    assert rows["prefill_gemm"] == (1.0, 300.0) and rows[ARGMAX] == (1.0, 4.0) and rows["decode"] == (1.0, 10.0)
-    assert profile["timeline"]["steps"] == 2 and profile["timeline"]["busy_us"] == pytest.approx(314.0)
+    assert rows == {"prefill_gemm": (1.0, 300.0), ARGMAX: (1.0, 4.0), "all kernels": (2.0, 304.0)}
+    assert profile["timeline"] == {"steps": 3, "busy_us": pytest.approx(304.0)} and profile["left_out"] == 4
     table = bench.profile_tables({"MXFP8, prefill": profile})
     assert "GPU time of one prefill batch of 32 tokens, MXFP8, prefill (top 12 kernels by time):" in table
-    assert any("busy 314.0 us per step" in line for line in table)
+    assert any("busy 304.0 us per step" in line and "4 shorter steps" in line for line in table)
     assert not any("argmax to argmax" in line for line in table)

@@ -28,6 +28,7 @@ With --profile-prefill N: the same for N prefill batches, each one fresh request
 """
 
 import argparse
+import bisect
 import gzip
 import json
 import random
@@ -211,24 +212,30 @@ def profile_decode(port: int, steps: int, trace_dir: Path, batch: int = 1, at_to
             "output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"]}).raise_for_status()
         for r in running:
             r.result()
-    return read_profile(trace_dir, steps, "decode step")
+    return read_profile(trace_dir, "decode step")
 
 
 def profile_prefill(port: int, steps: int, trace_dir: Path, input_len: int) -> dict:
     """As ``profile_decode`` over ``steps`` prefill batches, each one request for one token on a fresh prompt of
-    ``input_len`` tokens, sent one after the other (the period between batches is the client's, not reported)."""
+    ``input_len`` tokens, sent one after the other (the period between batches is the client's, not reported).
+    SGLang's overlap scheduler runs a decode step after each such prefill (before it sees the request finished):
+    the profile spans two batches per request, and the decode steps are left out (``read_profile``)."""
     trace_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random("prefill profile")
     requests.post(f"http://127.0.0.1:{port}/start_profile", timeout=60, json={
-        "output_dir": str(trace_dir), "num_steps": steps, "activities": ["GPU"]}).raise_for_status()
-    for _ in range(steps + 1):  # the profiler stops at the batch after its last step
+        "output_dir": str(trace_dir), "num_steps": 2 * steps + 2, "activities": ["GPU"]}).raise_for_status()
+    for _ in range(2 * steps + 3):  # until the profiler stops (at the batch after its last step) and writes
+        if any(trace_dir.glob("*.trace.json.gz")):
+            break
         generate(port, [rng.randrange(1000, 150000) for _ in range(input_len)], 1)
-    return read_profile(trace_dir, steps, f"prefill batch of {input_len} tokens")
+    return read_profile(trace_dir, f"prefill batch of {input_len} tokens", prefill=True)
 
 
-def read_profile(trace_dir: Path, steps: int, what: str) -> dict:
-    """The profile SGLang writes to ``trace_dir`` after its last step: "kernels" (``kernel_times``), "timeline"
-    (``step_timeline``) and "what" one step is."""
+def read_profile(trace_dir: Path, what: str, prefill: bool = False) -> dict:
+    """The profile SGLang writes to ``trace_dir`` after its last step, over its whole steps (``whole_steps``):
+    "kernels" (``kernel_times``), "timeline" (``step_timeline``), "what" one step is. ``prefill``: the steps of
+    prefill batches alone, told apart from the batch-1 decode steps between them by GPU busy time (above half the
+    longest step's; a prefill runs the model over its whole prompt), and "left_out", how many steps that left out."""
     for _ in range(60):
         traces = sorted(trace_dir.glob("*.trace.json.gz"))
         if traces:
@@ -237,8 +244,15 @@ def read_profile(trace_dir: Path, steps: int, what: str) -> dict:
     else:
         raise RuntimeError(f"no trace in {trace_dir}")
     time.sleep(2)
-    kernels = trace_kernels(traces[-1])
-    return {"kernels": kernel_times(kernels, steps), "timeline": step_timeline(kernels), "what": what}
+    steps = whole_steps(trace_kernels(traces[-1]))
+    if not steps:
+        raise RuntimeError(f"{traces[-1]} holds fewer than two greedy argmax kernels: its steps cannot be told apart")
+    profile = {"what": what}
+    if prefill:
+        longest = max(step_busy_us(step) for step in steps)
+        kept = [step for step in steps if step_busy_us(step) > longest / 2]
+        profile["left_out"], steps = len(steps) - len(kept), kept
+    return dict(profile, kernels=kernel_times(steps), timeline=step_timeline(steps, consecutive=not prefill))
 
 
 def trace_kernels(trace: Path) -> list:
@@ -246,54 +260,69 @@ def trace_kernels(trace: Path) -> list:
     return [e for e in json.load(gzip.open(trace))["traceEvents"] if e.get("cat") == "kernel"]
 
 
-def kernel_times(kernels: list, steps: int) -> list:
-    """From a trace's kernel events: [(kernel, calls per step, us per step)] by time, then a total.
-
-    Steps are counted in the trace by the greedy sampler's argmax (one launch per step; the window can
-    hold one step fewer than asked for), else taken as ``steps``.
-    """
-    by_name = {}
+def whole_steps(kernels: list) -> list:
+    """Kernel events split into the steps the trace holds whole: [(start, end, events)] from one greedy argmax's end
+    to the next's (the sampler's argmax closes each forward batch), a kernel in the step its end falls in. Kernels up
+    to the first argmax or after the last belong to steps the window cut, and are left out."""
+    ends = sorted(e["ts"] + e.get("dur", 0.0) for e in kernels if "ArgMaxOps" in e["name"])
+    steps = [(start, end, []) for start, end in zip(ends, ends[1:])]
     for e in kernels:
-        calls, us = by_name.get(e["name"], (0, 0.0))
-        by_name[e["name"]] = (calls + 1, us + e.get("dur", 0.0))
-    steps = sum(c for name, (c, _) in by_name.items() if "ArgMaxOps" in name) or steps
-    rows = sorted(((name, c / steps, us / steps) for name, (c, us) in by_name.items()), key=lambda r: -r[2])
+        j = bisect.bisect_left(ends, e["ts"] + e.get("dur", 0.0))
+        if 1 <= j <= len(steps):
+            steps[j - 1][2].append(e)
+    return steps
+
+
+def step_busy_us(step) -> float:
+    """The time some kernel of the step runs, in the step's span (overlapping kernels, such as programmatic
+    dependent launches, count once; the kernel sum counts them twice)."""
+    start, end, events = step
+    busy, reach = 0.0, start
+    for e in sorted(events, key=lambda e: e["ts"]):
+        lo, hi = max(e["ts"], reach), min(e["ts"] + e.get("dur", 0.0), end)
+        if hi > lo:
+            busy, reach = busy + hi - lo, hi
+    return busy
+
+
+def kernel_times(steps: list) -> list:
+    """[(kernel, calls per step, us per step)] over ``steps`` (``whole_steps``), by time, then a total."""
+    by_name = {}
+    for _, _, events in steps:
+        for e in events:
+            calls, us = by_name.get(e["name"], (0, 0.0))
+            by_name[e["name"]] = (calls + 1, us + e.get("dur", 0.0))
+    n = len(steps)
+    rows = sorted(((name, c / n, us / n) for name, (c, us) in by_name.items()), key=lambda r: -r[2])
     return rows + [("all kernels", sum(r[1] for r in rows), sum(r[2] for r in rows))]
 
 
-def step_timeline(kernels: list) -> dict | None:
-    """Per decode step, on the GPU's clock: "busy_us", the time some kernel runs (overlapping kernels, such as
-    programmatic dependent launches, count once; the kernel sum counts them twice), and "period_us", from one
-    step's greedy argmax to the next (busy time plus the time the GPU waits for the host); over "steps" whole
-    steps. None when the trace's kernel events hold fewer than two steps."""
-    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0.0), e["name"]) for e in kernels)
-    ends = [end for _, end, name in spans if "ArgMaxOps" in name]
-    if len(ends) < 2:
-        return None
-    busy, reach = 0.0, ends[0]
-    for start, end, _ in spans:  # the union of kernel intervals inside (first argmax end, last argmax end]
-        start, end = max(start, reach), min(end, ends[-1])
-        if end > start:
-            busy, reach = busy + end - start, end
-    steps = len(ends) - 1
-    return {"steps": steps, "busy_us": busy / steps, "period_us": (ends[-1] - ends[0]) / steps}
+def step_timeline(steps: list, consecutive: bool = True) -> dict:
+    """Over ``steps`` (``whole_steps``), on the GPU's clock: "busy_us" per step (``step_busy_us``) and, where the
+    steps are ``consecutive``, "period_us": from one step's greedy argmax to the next (busy time plus the time the GPU
+    waits for the host)."""
+    timeline = {"steps": len(steps), "busy_us": sum(map(step_busy_us, steps)) / len(steps)}
+    if consecutive:
+        timeline["period_us"] = (steps[-1][1] - steps[0][0]) / len(steps)
+    return timeline
 
 
 def profile_tables(profiles: dict, top: int = 12) -> list:
     lines = []
     for name, profile in profiles.items():
-        rows, timeline, what = profile["kernels"], profile["timeline"], profile.get("what", "decode step")
+        rows, timeline, what = profile["kernels"], profile["timeline"], profile["what"]
         lines += ["", f"GPU time of one {what}, {name} (top {top} kernels by time):", "",
                   "| kernel | calls/step | us/step |", "|---|---|---|"]
         for kernel, calls, us in rows[:top] + rows[-1:]:
             lines.append(f"| {kernel[:90]} | {calls:.1f} | {us:.1f} |")
-        if timeline:
-            busy = (f"Over {timeline['steps']} whole steps: the GPU is busy {timeline['busy_us']:.1f} us per step "
-                    "(overlapping kernels counted once)")
-            # prefill batches are sent one by one: the time between them is the client's, not the server's
-            period = (f", a step takes {timeline['period_us']:.1f} us on the GPU's clock (argmax to argmax; the rest "
-                      "the GPU waits for the host)" if what == "decode step" else "")
-            lines += ["", busy + period + "."]
+        busy = (f"Over {timeline['steps']} whole steps: the GPU is busy {timeline['busy_us']:.1f} us per step "
+                "(overlapping kernels counted once)")
+        if "period_us" in timeline:
+            busy += (f", a step takes {timeline['period_us']:.1f} us on the GPU's clock (argmax to argmax; the rest "
+                     "the GPU waits for the host)")
+        if profile.get("left_out"):
+            busy += f"; {profile['left_out']} shorter steps between them (batch-1 decode steps) left out"
+        lines += ["", busy + "."]
     return lines
 
 
