@@ -158,34 +158,28 @@ class DeepGemmGroupedMoE:
     def __call__(self, x, topk_weights, topk_ids, w13, w2, w13_block_scale, w2_block_scale, keep=None) -> torch.Tensor:
         """``keep``: a dict that receives each step as a zero-argument call on this call's operands, for
         benchmarks/kernels/bench_deepgemm_moe.py to time the steps alone."""
-        from .triton_hopper import moe_gather, moe_scatter_quant, silu_mul_quant
+        from .triton_hopper import SEGMENT_ALIGN, moe_gather, moe_scatter_quant, moe_segments, silu_mul_quant
 
         deep_gemm = load_deep_gemm()
 
         m, top_k = topk_ids.shape
-        rows = -(-(m * top_k + self.experts * 127) // 128) * 128
-        flat = topk_ids.reshape(-1).long()
-        counts = torch.zeros(self.experts, dtype=torch.int32, device=x.device)
-        counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-        padded = (counts + 127) // 128 * 128
-        segment_ends = torch.cumsum(padded, 0, dtype=torch.int32)
-        starts = segment_ends - padded
-        ends = starts + counts
-        rows_used = segment_ends[-1:]  # every expert's padded rows
+        rows = -(-(m * top_k + self.experts * (SEGMENT_ALIGN - 1)) // SEGMENT_ALIGN) * SEGMENT_ALIGN
+        cursor, seg_end, ends = moe_segments(topk_ids, self.experts)
         per_expert = dict(use_psum_layout=True, expected_m_for_psum_layout=-(-m * top_k // self.experts))
-        a, a_scale, slots = moe_scatter_quant(x, topk_ids, starts, rows)
+        a, a_scale, slots = moe_scatter_quant(x, topk_ids, cursor, rows)
         h = torch.empty((rows, w13.shape[1]), dtype=x.dtype, device=x.device)
         up = ((a, a_scale), (w13, w13_block_scale), h, ends)
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*up, **per_expert)
-        a2, a2_scale = silu_mul_quant(h, rows_used)
+        a2, a2_scale = silu_mul_quant(h, seg_end, ends)
         y = torch.empty((rows, self.hidden), dtype=x.dtype, device=x.device)
         down = ((a2, a2_scale), (w2, w2_block_scale), y, ends)
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*down, **per_expert)
         if keep is not None:
-            keep.update(rows_used=rows_used, steps=dict(
-                scatter_quantize=lambda: moe_scatter_quant(x, topk_ids, starts, rows),
+            keep.update(rows_used=seg_end[-1:], segments=(seg_end, ends), steps=dict(
+                segments=lambda: moe_segments(topk_ids, self.experts),
+                segments_scatter_quantize=lambda: moe_scatter_quant(x, topk_ids, moe_segments(topk_ids, self.experts)[0], rows),
                 gemm_up=lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*up, **per_expert),
-                silu_quantize=lambda: silu_mul_quant(h, rows_used),
+                silu_quantize=lambda: silu_mul_quant(h, seg_end, ends),
                 gemm_down=lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*down, **per_expert),
                 gather=lambda: moe_gather(y, slots, topk_weights)))
         return moe_gather(y, slots, topk_weights)

@@ -13,8 +13,8 @@
 - ``w8a16_gemv``, ``moe_gemv``: one token (batch-1 decode), weight-only on CUDA cores: each program
   streams BLOCK_N weight rows, aiming at the FP8 weight bytes over the memory bandwidth; the MoE
   takes two launches (SiLU-and-mul fused into the first, routing weights and the sum over experts into the second).
-- ``moe_scatter_quant``, ``silu_mul_quant``, ``moe_gather``: the glue around a grouped GEMM that reads each
-  expert's token rows contiguously (DeepGEMM's, for prefill batches: moe_hopper.DeepGemmGroupedMoE).
+- ``moe_segments``, ``moe_scatter_quant``, ``silu_mul_quant``, ``moe_gather``: the glue around a grouped GEMM
+  that reads each expert's token rows contiguously (DeepGEMM's, for prefill batches: moe_hopper.DeepGemmGroupedMoE).
 """
 
 from __future__ import annotations
@@ -464,6 +464,42 @@ SCATTER_CHUNK = 8  # 128-column groups per step of the scatter kernel's K loop
 
 
 @triton.jit
+def _moe_segments_kernel(ids_ptr, n_ids, cursor_ptr, seg_end_ptr, end_ptr, E, BINS: tl.constexpr,
+                         ALIGN: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: each expert's slot count (a histogram of the slots' expert ids), its segment of rows padded to
+    ALIGN, the segments end to end in expert order: cursor = each segment's first row (the scatter's atomics advance
+    it), seg_end = its padded end, end = the first row past its slots."""
+    bins = tl.arange(0, BINS)
+    counts = tl.zeros((BINS,), dtype=tl.int32)
+    for i0 in range(0, n_ids, BLOCK):
+        offs = i0 + tl.arange(0, BLOCK)
+        ids = tl.load(ids_ptr + offs, mask=offs < n_ids, other=E)  # past the end: bin E, after every expert's
+        counts += tl.histogram(ids, BINS)
+    padded = (counts + ALIGN - 1) // ALIGN * ALIGN
+    seg_end = tl.cumsum(padded, 0)
+    start = seg_end - padded
+    real = bins < E
+    tl.store(cursor_ptr + bins, start, mask=real)
+    tl.store(seg_end_ptr + bins, seg_end, mask=real)
+    tl.store(end_ptr + bins, start + counts, mask=real)
+
+
+SEGMENT_ALIGN = 128  # DeepGEMM's M alignment for its contiguous layout (moe_hopper.deepgemm_unavailable checks it)
+
+
+def moe_segments(topk_ids, experts: int):
+    """topk_ids [M, top_k] int32 (every id a valid expert) -> int32 [experts] each: (cursor, seg_end, end). Expert
+    e's rows are [seg_end[e] - padded count, seg_end[e]), its slots fill them from the start up to end[e]; cursor
+    starts at the first row and is what moe_scatter_quant advances. One launch in place of the ten small torch ops
+    (count, pad, cumsum, starts, ends) it replaces."""
+    ids = topk_ids.contiguous()
+    cursor, seg_end, end = torch.empty((3, experts), dtype=torch.int32, device=ids.device)
+    _moe_segments_kernel[(1,)](ids, ids.numel(), cursor, seg_end, end, experts,
+                               BINS=triton.next_power_of_2(experts + 1), ALIGN=SEGMENT_ALIGN, BLOCK=2048, num_warps=8)
+    return cursor, seg_end, end
+
+
+@triton.jit
 def _moe_scatter_quant_kernel(x_ptr, ids_ptr, next_row_ptr, q_ptr, s_ptr, slot_ptr, K, stride_xm, stride_qm,
                               stride_sk, TOP_K: tl.constexpr, SLOTS: tl.constexpr, CHUNK: tl.constexpr,
                               BLOCK: tl.constexpr):
@@ -487,10 +523,11 @@ def _moe_scatter_quant_kernel(x_ptr, ids_ptr, next_row_ptr, q_ptr, s_ptr, slot_p
                  mask=k_ok[:, None] & (g * BLOCK < K)[None, :])
 
 
-def moe_scatter_quant(x, topk_ids, segment_starts, rows: int):
-    """x [M, K] bf16 (K a multiple of 128), topk_ids [M, top_k] int32 (every id a valid expert), segment_starts
-    [E] int32 (each expert's first row) -> (e4m3 [rows, K], float32 scales [rows, K / 128] M-major, slot rows
-    [M, top_k] int32: where each token slot went). Rows no slot claims are left as they were."""
+def moe_scatter_quant(x, topk_ids, cursor, rows: int):
+    """x [M, K] bf16 (K a multiple of 128), topk_ids [M, top_k] int32 (every id a valid expert), cursor [E] int32
+    (each expert's first row, moe_segments; advanced past its slots by the call) -> (e4m3 [rows, K], float32 scales
+    [rows, K / 128] M-major, slot rows [M, top_k] int32: where each token slot went). Rows no slot claims are left
+    as they were."""
     m, k = x.shape
     top_k = topk_ids.shape[1]
     q = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
@@ -498,42 +535,53 @@ def moe_scatter_quant(x, topk_ids, segment_starts, rows: int):
     slots = torch.empty((m, top_k), dtype=torch.int32, device=x.device)
     if m:
         _moe_scatter_quant_kernel[(m,)](
-            x, topk_ids.contiguous(), segment_starts.clone(), q, s, slots, k, x.stride(0), q.stride(0), s.stride(1),
+            x, topk_ids.contiguous(), cursor, q, s, slots, k, x.stride(0), q.stride(0), s.stride(1),
             TOP_K=top_k, SLOTS=triton.next_power_of_2(top_k), CHUNK=SCATTER_CHUNK, BLOCK=GROUP_K, num_warps=8,
         )
     return q, s, slots
 
 
 @triton.jit
-def _silu_mul_quant_kernel(h_ptr, q_ptr, s_ptr, used_ptr, I, stride_h, stride_q, stride_sk,
-                           ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_quant_kernel(h_ptr, q_ptr, s_ptr, seg_end_ptr, end_ptr, E, I, stride_h, stride_q, stride_sk,
+                           ROWS: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):
     """silu(gate) * up for [ROWS] rows x one 128-column group, rounded to the activation dtype (what a separate
-    SiLU-and-mul would write), then quantized 1x128. Rows at or past *used_ptr are skipped."""
+    SiLU-and-mul would write), then quantized 1x128. Only rows holding a slot: the block's expert is the first whose
+    segment ends past it (ROWS divides the segments' alignment), and rows at or past that expert's end are skipped."""
     first = tl.program_id(0) * ROWS
-    if first >= tl.load(used_ptr):
+    bins = tl.arange(0, BINS)
+    seg_end = tl.load(seg_end_ptr + bins, mask=bins < E, other=2147483647)
+    expert = tl.sum((seg_end <= first).to(tl.int32), 0)
+    if expert >= E:
         return
-    rows = (first + tl.arange(0, ROWS)).to(tl.int64)
+    limit = tl.load(end_ptr + expert)
+    if first >= limit:
+        return
+    rows = first + tl.arange(0, ROWS)
+    ok = rows < limit
+    rows = rows.to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    gate = tl.load(h_ptr + rows[:, None] * stride_h + cols[None, :])
-    up = tl.load(h_ptr + rows[:, None] * stride_h + I + cols[None, :])
+    gate = tl.load(h_ptr + rows[:, None] * stride_h + cols[None, :], mask=ok[:, None], other=0.0)
+    up = tl.load(h_ptr + rows[:, None] * stride_h + I + cols[None, :], mask=ok[:, None], other=0.0)
     g32 = gate.to(tl.float32)
     a = (g32 / (1.0 + tl.exp(-g32)) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
     q, scale = _e4m3_groups(a)
-    tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q)
-    tl.store(s_ptr + rows + tl.program_id(1) * stride_sk, scale)
+    tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q, mask=ok[:, None])
+    tl.store(s_ptr + rows + tl.program_id(1) * stride_sk, scale, mask=ok)
 
 
 SILU_ROWS = 16
 
 
-def silu_mul_quant(h, rows_used):
+def silu_mul_quant(h, seg_end, end):
     """h [R, 2I] ([gate | up], R a multiple of 16, I of 128) -> (e4m3 [R, I], float32 scales [R, I / 128] M-major)
-    of silu(gate) * up; rows_used [1] int32 on the device: rows from there on are not computed."""
+    of silu(gate) * up, on the rows that hold a slot (seg_end, end from moe_segments); the padding rows after each
+    expert's slots are not computed (a grouped GEMM reads them as its tile's spare rows, whose outputs nothing uses)."""
     r, inter = h.shape[0], h.shape[1] // 2
     q = torch.empty((r, inter), dtype=torch.float8_e4m3fn, device=h.device)
     s = torch.empty((inter // GROUP_K, r), dtype=torch.float32, device=h.device).t()
     _silu_mul_quant_kernel[(r // SILU_ROWS, inter // GROUP_K)](
-        h, q, s, rows_used, inter, h.stride(0), q.stride(0), s.stride(1), ROWS=SILU_ROWS, BLOCK=GROUP_K, num_warps=4,
+        h, q, s, seg_end, end, seg_end.numel(), inter, h.stride(0), q.stride(0), s.stride(1), ROWS=SILU_ROWS,
+        BLOCK=GROUP_K, BINS=triton.next_power_of_2(seg_end.numel()), num_warps=4,
     )
     return q, s
 

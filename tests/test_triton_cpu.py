@@ -226,8 +226,11 @@ for m, k in [(1, 128), (5, 256), (9, 1152)]:  # 1152: nine 128-groups, a second 
     counts = torch.bincount(ids.flatten().long(), minlength=experts).int()
     padded = (counts + 127) // 128 * 128
     starts = (torch.cumsum(padded, 0) - padded).int()
+    cursor, seg_end, end = th.moe_segments(ids, experts)
+    assert torch.equal(cursor, starts) and torch.equal(seg_end, starts + padded) and torch.equal(end, starts + counts)
     rows = int(padded.sum()) + 128
-    q, s, slots = th.moe_scatter_quant(x, ids, starts, rows)
+    q, s, slots = th.moe_scatter_quant(x, ids, cursor, rows)
+    assert torch.equal(cursor, starts + counts)  # advanced past each expert's slots
     q_tok, s_tok = th.quantize_act_1x128(x)  # the interpreter's e4m3 cast on both sides
     assert torch.equal(s_tok.isnan(), quantize_activation_1x128(x)[1].isnan())
     assert s.shape == (rows, k // 128) and s.stride() == (1, rows) and slots.shape == (m, top_k)
@@ -238,18 +241,6 @@ for m, k in [(1, 128), (5, 256), (9, 1152)]:  # 1152: nine 128-groups, a second 
             assert starts[e] <= r < starts[e] + counts[e], (m, t, j)  # inside its expert's segment
             assert torch.equal(q[r].view(torch.uint8), q_tok[t].view(torch.uint8))
             assert torch.allclose(s[r], s_tok[t], rtol=0, atol=0, equal_nan=True)  # the NaN token's NaN scale too
-    # SiLU-and-mul with the quantizer, rows before rows_used, against SiLU-and-mul in bf16 and the host quantizer's
-    # scales (the interpreter's exp may put a product on the neighbouring bf16 value: scales to 1%); the values
-    # dequantized against the activation (the interpreter's e4m3 cast is not the GPU's: a loose bound, a wrong
-    # row or column gives O(1))
-    inter = 256
-    h = torch.randn(48, 2 * inter).to(torch.bfloat16)
-    a, a_s = th.silu_mul_quant(h, torch.tensor([32], dtype=torch.int32))
-    act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16)[:32].float()
-    assert a_s.stride() == (1, 48)
-    assert torch.allclose(a_s[:32], quantize_activation_1x128(act)[1], rtol=1e-2, atol=0)
-    deq = a[:32].float() * a_s[:32].repeat_interleave(128, 1)
-    assert ((deq - act).norm() / act.norm()).item() < 0.1
     # the weighted gather against a float64 sum
     y = torch.randn(rows, 192).to(torch.bfloat16)
     tw = torch.rand(m, top_k)
@@ -257,6 +248,30 @@ for m, k in [(1, 128), (5, 256), (9, 1152)]:  # 1152: nine 128-groups, a second 
     ref = (y[slots.long()].double() * tw.double()[..., None]).sum(1)
     assert out.dtype == torch.bfloat16 and out.shape == (m, 192)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3, m
+# SiLU-and-mul with the quantizer on the rows that hold slots (experts of 20, 0, 37 and 128 slots: a partial 16-row
+# block, an empty segment, a full one), against SiLU-and-mul in bf16 and the host quantizer's scales (the
+# interpreter's exp may put a product on the neighbouring bf16 value: scales to 1%); the values dequantized against
+# the activation (the interpreter's e4m3 cast is not the GPU's: a loose bound, a wrong row or column gives O(1))
+inter = 256
+counts = torch.tensor([20, 0, 37, 128], dtype=torch.int32)
+ids = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), counts)[torch.randperm(int(counts.sum()))]
+_, seg_end, end = th.moe_segments(ids.view(-1, 1), 4)
+assert seg_end.tolist() == [128, 128, 256, 384] and end.tolist() == [20, 128, 165, 384]
+h = torch.randn(384 + 16, 2 * inter).to(torch.bfloat16)
+a, a_s = th.silu_mul_quant(h, seg_end, end)
+assert a_s.stride() == (1, 400)
+act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16).float()
+for lo, hi in [(0, 20), (128, 165), (256, 384)]:
+    assert torch.allclose(a_s[lo:hi], quantize_activation_1x128(act[lo:hi])[1], rtol=1e-2, atol=0), (lo, hi)
+    deq = a[lo:hi].float() * a_s[lo:hi].repeat_interleave(128, 1)
+    assert ((deq - act[lo:hi]).norm() / act[lo:hi].norm()).item() < 0.1, (lo, hi)
+# 300 experts over 5000 slots: a histogram over more than one of the kernel's blocks, bins past 256
+ids = torch.randint(0, 300, (1000, 5), dtype=torch.int32)
+counts = torch.bincount(ids.flatten().long(), minlength=300).int()
+padded = (counts + 127) // 128 * 128
+cursor, seg_end, end = th.moe_segments(ids, 300)
+assert torch.equal(seg_end, torch.cumsum(padded, 0).int()) and torch.equal(end, seg_end - padded + counts)
+assert torch.equal(cursor, seg_end - padded)
 print("ok")
 """
 

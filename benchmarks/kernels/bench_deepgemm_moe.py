@@ -3,7 +3,8 @@
 gate/up, SiLU-and-mul with the quantizer, grouped GEMM down, the weighted gather) against SGLang's CUTLASS
 grouped MoE, SGLang's Triton fused MoE on the same block-FP8 weights (what smaller batches run; SGLang's default
 tile configs, as in a plain process) and SGLang's BF16 fused MoE, in the same run; GPU time per call in a CUDA graph (neither prefill
-MoE syncs with the host), and each DeepGEMM step alone on the layer's own operands.
+MoE syncs with the host), and each DeepGEMM step alone on the layer's own operands, beside what two of its glue
+steps were before (the segments as torch ops; SiLU-and-mul over every padded row, not only the rows holding slots).
 
 Qwen3-30B-A3B MoE layer: 128 experts, hidden 2048, intermediate 768, top-8. Needs ``deep_gemm`` importable
 (bash benchmarks/run_h200.sh deepgemm builds it from source on the GPU machine).
@@ -20,6 +21,7 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 
 from sglang_mxfp8.deepgemm_sm90 import load as load_deep_gemm
 from sglang_mxfp8.moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE
+from sglang_mxfp8.triton_hopper import silu_mul_quant
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402
@@ -30,6 +32,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from plot_speedup import plot_beside  # noqa: E402
 
 MS = [512, 1024, 2048, 4096, 8192]
+
+
+def torch_segments(topk_ids, experts: int):
+    """The segments as torch ops computed them before triton_hopper.moe_segments (ten small launches), timed beside
+    it: (cursor, seg_end, end)."""
+    flat = topk_ids.reshape(-1).long()
+    counts = torch.zeros(experts, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    padded = (counts + 127) // 128 * 128
+    seg_end = torch.cumsum(padded, 0, dtype=torch.int32)
+    starts = seg_end - padded
+    return starts.clone(), seg_end, starts + counts
+
+
+def before_steps(ids, keep) -> dict:
+    """GPU us of what two glue steps were before: the segments as torch ops, and SiLU-and-mul with the quantizer
+    over every padded row (now only the rows holding slots), each on this layer's routing."""
+    seg_end, _ = keep["segments"]
+    h = torch.randn(int(keep["rows_used"]) + 128, 2 * I, device="cuda").to(torch.bfloat16)
+    return {"segments before (torch)": graph_us([lambda: torch_segments(ids, E)]),
+            "silu_quantize before (all padded rows)": graph_us([lambda: silu_mul_quant(h, seg_end, seg_end)])}
 
 
 def main():
@@ -61,6 +84,7 @@ def main():
             rel = ((got - ref).norm() / ref.norm()).item()
             gdg = graph_per_call_us(lambda tw, ids: deepgemm(x, tw, ids, q13, q2, s13, s2), routings)
             steps = {name: graph_us([run]) for name, run in keep["steps"].items()}
+            steps.update(before_steps(routings[0][1], keep))
             gemms = steps["gemm_up"] + steps["gemm_down"]
             flop = 2 * m * TOPK * (2 * I * H + H * I)
             dg = (f"{gdg:.1f} ({g16 / gdg:.2f}x) | {rel:.4f} | {gemms:.1f} | {flop / gemms / 1e6:.0f} "

@@ -352,6 +352,33 @@ def test_deepgemm_grouped_moe_matches_reference(m):
     assert torch.equal(again[:-1], out[:-1]) and again[-1].isnan().all()
 
 
+@pytest.mark.parametrize("m, skewed", [(1, False), (37, True), (1024, False), (8192, False), (8192, True)])
+def test_moe_segments_match_torch_and_silu_skips_only_padding(m, skewed):
+    """The grouped MoE's segments (one Triton launch) against torch's count / pad / cumsum on 128 experts, top-8
+    (skewed: every other token routed to expert 5); SiLU-and-mul on the slot rows alone equals, row for row and bit
+    for bit, the same kernel run over every padded row."""
+    from sglang_mxfp8.triton_hopper import moe_segments, silu_mul_quant
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    scores = torch.rand(m, 128, device="cuda", generator=g)
+    if skewed:
+        scores[::2, 5] += 2.0
+    ids = torch.argsort(scores, dim=1, descending=True)[:, :8].int()
+    counts = torch.bincount(ids.flatten().long(), minlength=128).int()
+    padded = (counts + 127) // 128 * 128
+    cursor, seg_end, end = moe_segments(ids, 128)
+    assert torch.equal(seg_end, torch.cumsum(padded, 0).int())
+    assert torch.equal(cursor, seg_end - padded) and torch.equal(end, seg_end - padded + counts)
+    rows = int(seg_end[-1]) + 128
+    h = torch.randn(rows, 2 * 256, device="cuda", generator=g).to(torch.bfloat16)
+    q, s = silu_mul_quant(h, seg_end, end)
+    q_all, s_all = silu_mul_quant(h, seg_end, seg_end)  # every padded row, as before the skip
+    slot_rows = torch.cat([torch.arange(int(a), int(b), device="cuda") for a, b in zip(seg_end - padded, end)])
+    assert slot_rows.numel() == m * 8
+    assert torch.equal(q[slot_rows].view(torch.uint8), q_all[slot_rows].view(torch.uint8))
+    assert torch.equal(s[slot_rows], s_all[slot_rows])
+
+
 def test_deepgemm_moe_precompile_runs_once_per_shape():
     """At load: the DeepGEMM MoE layer once per tile config of the prefill range, once per layer shape."""
     from sglang_mxfp8.moe_hopper import DeepGemmGroupedMoE, deepgemm_moe_precompile_ms, deepgemm_unavailable
