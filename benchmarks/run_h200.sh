@@ -257,7 +257,7 @@ prefill)
   ;;
 deepgemm)
   deepgemm_env || exit 1
-  python3 -m pytest -q tests/gpu -k "deepgemm or prefill_moe or cutlass_grouped" 2>&1 | tail -4
+  python3 -m pytest -q tests/gpu -k "deepgemm or prefill_moe or cutlass_grouped or moe_segments" 2>&1 | tail -4
   timeout 420 python3 benchmarks/kernels/bench_deepgemm_moe.py --out "$OUT/deepgemm_moe.md" 2>&1 | grep "^|\|Error\|error\|failed" | head -40
   [ -n "${DENSE:-}" ] && timeout 300 python3 benchmarks/kernels/bench_dense.py --out "$OUT/dense_deepgemm.md" --flashinfer \
     --deepgemm --timer graph --ms 16 128 1024 4096 8192 2>&1 | grep "^|\|:"  # DENSE=1: DeepGEMM's dense GEMM too
