@@ -63,8 +63,10 @@ def deepgemm_unavailable() -> Optional[str]:
     gemm = getattr(deep_gemm, "m_grouped_fp8_gemm_nt_contiguous", None)
     if gemm is None or "use_psum_layout" not in (gemm.__doc__ or ""):
         return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no contiguous grouped GEMM with use_psum_layout"
-    if deep_gemm.get_mk_alignment_for_contiguous_layout() != 128:
-        return f"deep_gemm's M alignment is {deep_gemm.get_mk_alignment_for_contiguous_layout()}, not 128"
+    from .triton_hopper import SEGMENT_ALIGN
+
+    if deep_gemm.get_mk_alignment_for_contiguous_layout() != SEGMENT_ALIGN:
+        return f"deep_gemm's M alignment is {deep_gemm.get_mk_alignment_for_contiguous_layout()}, not {SEGMENT_ALIGN}"
     return None
 
 
