@@ -464,38 +464,45 @@ SCATTER_CHUNK = 8  # 128-column groups per step of the scatter kernel's K loop
 
 
 @triton.jit
-def _moe_segments_kernel(ids_ptr, n_ids, cursor_ptr, seg_end_ptr, end_ptr, E, BINS: tl.constexpr,
+def _moe_segments_kernel(ids_ptr, n_ids, tally_ptr, cursor_ptr, seg_end_ptr, end_ptr, E, BINS: tl.constexpr,
                          ALIGN: tl.constexpr, BLOCK: tl.constexpr):
-    """One program: each expert's slot count (a histogram of the slots' expert ids), its segment of rows padded to
-    ALIGN, the segments end to end in expert order: cursor = each segment's first row (the scatter's atomics advance
-    it), seg_end = its padded end, end = the first row past its slots."""
+    """Each program counts the expert ids of BLOCK slots (a histogram) into a zeroed tally [E] + ticket [1]; the
+    program that takes the last ticket pads each expert's count to ALIGN and lays the segments end to end in expert
+    order: cursor = each segment's first row (the scatter's atomics advance it), seg_end = its padded end, end = the
+    first row past its slots."""
     bins = tl.arange(0, BINS)
-    counts = tl.zeros((BINS,), dtype=tl.int32)
-    for i0 in range(0, n_ids, BLOCK):
-        offs = i0 + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + offs, mask=offs < n_ids, other=E)  # past the end: bin E, after every expert's
-        counts += tl.histogram(ids, BINS)
-    padded = (counts + ALIGN - 1) // ALIGN * ALIGN
-    seg_end = tl.cumsum(padded, 0)
-    start = seg_end - padded
     real = bins < E
-    tl.store(cursor_ptr + bins, start, mask=real)
-    tl.store(seg_end_ptr + bins, seg_end, mask=real)
-    tl.store(end_ptr + bins, start + counts, mask=real)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ids = tl.load(ids_ptr + offs, mask=offs < n_ids, other=E)  # past the end: bin E, after every expert's
+    tl.atomic_add(tally_ptr + bins, tl.histogram(ids, BINS), mask=real)
+    tl.debug_barrier()  # every thread's counts before this program's ticket (release, cumulative)
+    if tl.atomic_add(tally_ptr + E, 1) == tl.num_programs(0) - 1:
+        tl.debug_barrier()
+        counts = tl.where(real, tl.atomic_add(tally_ptr + bins, 0, mask=real), 0)
+        padded = (counts + ALIGN - 1) // ALIGN * ALIGN
+        seg_end = tl.cumsum(padded, 0)
+        start = seg_end - padded
+        tl.store(cursor_ptr + bins, start, mask=real)
+        tl.store(seg_end_ptr + bins, seg_end, mask=real)
+        tl.store(end_ptr + bins, start + counts, mask=real)
 
 
 SEGMENT_ALIGN = 128  # DeepGEMM's M alignment for its contiguous layout (moe_hopper.deepgemm_unavailable checks it)
+SEGMENT_BLOCK = 1024  # slots per program of the segments' histogram
 
 
 def moe_segments(topk_ids, experts: int):
     """topk_ids [M, top_k] int32 (every id a valid expert) -> int32 [experts] each: (cursor, seg_end, end). Expert
     e's rows are [seg_end[e] - padded count, seg_end[e]), its slots fill them from the start up to end[e]; cursor
-    starts at the first row and is what moe_scatter_quant advances. One launch in place of the ten small torch ops
-    (count, pad, cumsum, starts, ends) it replaces."""
+    starts at the first row and is what moe_scatter_quant advances. A memset and one launch (the slots counted in
+    parallel, the last program to finish lays out the segments) in place of the ten small torch ops (count, pad,
+    cumsum, starts, ends) it replaces."""
     ids = topk_ids.contiguous()
-    cursor, seg_end, end = torch.empty((3, experts), dtype=torch.int32, device=ids.device)
-    _moe_segments_kernel[(1,)](ids, ids.numel(), cursor, seg_end, end, experts,
-                               BINS=triton.next_power_of_2(experts + 1), ALIGN=SEGMENT_ALIGN, BLOCK=2048, num_warps=8)
+    work = torch.zeros(4 * experts + 1, dtype=torch.int32, device=ids.device)
+    cursor, seg_end, end = work[experts + 1:].view(3, experts)
+    _moe_segments_kernel[(max(1, triton.cdiv(ids.numel(), SEGMENT_BLOCK)),)](
+        ids, ids.numel(), work, cursor, seg_end, end, experts, BINS=triton.next_power_of_2(experts + 1),
+        ALIGN=SEGMENT_ALIGN, BLOCK=SEGMENT_BLOCK, num_warps=4)
     return cursor, seg_end, end
 
 

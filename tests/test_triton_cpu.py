@@ -265,7 +265,7 @@ for lo, hi in [(0, 20), (128, 165), (256, 384)]:
     assert torch.allclose(a_s[lo:hi], quantize_activation_1x128(act[lo:hi])[1], rtol=1e-2, atol=0), (lo, hi)
     deq = a[lo:hi].float() * a_s[lo:hi].repeat_interleave(128, 1)
     assert ((deq - act[lo:hi]).norm() / act[lo:hi].norm()).item() < 0.1, (lo, hi)
-# 300 experts over 5000 slots: a histogram over more than one of the kernel's blocks, bins past 256
+# 300 experts over 5000 slots: five programs' histograms, bins past 256
 ids = torch.randint(0, 300, (1000, 5), dtype=torch.int32)
 counts = torch.bincount(ids.flatten().long(), minlength=300).int()
 padded = (counts + 127) // 128 * 128
