@@ -22,9 +22,10 @@ time), and loaded with fixed-length random prompts (input_ids, ignore_eos):
 
 Writes OUT/e2e.md (table, MXFP8/BF16 ratios measured in this run), OUT/e2e.json, OUT/e2e.png if matplotlib is there.
 With --profile-steps N: also where a decode step spends its GPU time at each --profile-batch (default 1),
-per server (SGLang's /start_profile over N decode steps of running requests; kernels summed by name; the GPU's
-busy time and the step period on its clock, which kernel sums cannot give when kernels overlap), in OUT/e2e.md.
-With --profile-prefill N: the same for N prefill batches, each one fresh request of the input length.
+per server (SGLang's /start_profile over N decode steps of running requests, the steps the trace holds whole;
+kernels summed by name; the GPU's busy time and the step period on its clock, which kernel sums cannot give when
+kernels overlap), in OUT/e2e.md. With --profile-prefill N: the same for N prefill batches, each one fresh request
+of the input length (not the decode step SGLang's overlap scheduler runs after each).
 """
 
 import argparse
