@@ -17,6 +17,8 @@ BASE_FLAGS = (
     "--attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 "
     "--disable-piecewise-cuda-graph --skip-tokenizer-init --cuda-graph-max-bs 16"
 )
+# a caller's flag that turns one of the base flags off (SGLang takes the caller's; the command line would show both)
+TURNS_OFF = {"--enforce-piecewise-cuda-graph": "--disable-piecewise-cuda-graph"}
 PROMPTS = [[1, 17 + i, 300 + 7 * i, 42, 999 - i, 5, 77 + 3 * i, 512] for i in range(8)]
 
 
@@ -24,6 +26,24 @@ def divergence(seq: dict, ref: dict) -> tuple:
     """(first position where the greedy tokens differ, or None; max logprob difference before it)."""
     n = next((i for i, (p, q) in enumerate(zip(seq["ids"], ref["ids"])) if p != q), None)
     return n, max([0.0] + [abs(p - q) for p, q in zip(seq["logprobs"][:n], ref["logprobs"][:n])])
+
+
+def launch_flags(base: str, flags: str) -> list:
+    """``base`` then ``flags`` as arguments, less each base flag (with its values) that ``flags`` gives again (SGLang
+    takes the last of a repeated flag) or turns off (TURNS_OFF): the command printed is the one SGLang reads."""
+    def groups(argv):
+        out = []
+        for token in argv:
+            if token.startswith("--") or not out:
+                out.append([token])
+            else:
+                out[-1].append(token)
+        return out
+
+    given = {group[0].split("=")[0] for group in groups(shlex.split(flags))}
+    dropped = given | {TURNS_OFF[flag] for flag in given if flag in TURNS_OFF}
+    return [token for group in groups(shlex.split(base)) if group[0] not in dropped for token in group] + \
+        shlex.split(flags)
 
 
 class Server:
@@ -38,7 +58,7 @@ class Server:
         self.log = Path(log_dir) / f"server_{name}.log"
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--port", str(port)]
         base = BASE_FLAGS.replace(" --skip-tokenizer-init", "") if text else BASE_FLAGS
-        cmd += shlex.split(base) + shlex.split(flags)
+        cmd += launch_flags(base, flags)
         self.cmd = " ".join([f"{k}={v}" for k, v in (env or {}).items()] + cmd)
         print(f"[{name}] {self.cmd}", flush=True)
         self.t0 = time.time()
