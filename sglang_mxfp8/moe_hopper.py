@@ -158,8 +158,8 @@ class DeepGemmGroupedMoE:
         self.experts, self.hidden = experts, hidden
 
     def __call__(self, x, topk_weights, topk_ids, w13, w2, w13_block_scale, w2_block_scale, keep=None) -> torch.Tensor:
-        """``keep``: a dict that receives each step as a zero-argument call on this call's operands, for
-        benchmarks/kernels/bench_deepgemm_moe.py to time the steps alone."""
+        """``keep``: a dict that receives each step as a zero-argument call on this call's operands, and the
+        segments' padded ends (seg_end), for benchmarks/kernels/bench_deepgemm_moe.py to time the steps alone."""
         from .triton_hopper import SEGMENT_ALIGN, moe_gather, moe_scatter_quant, moe_segments, silu_mul_quant
 
         deep_gemm = load_deep_gemm()
@@ -177,7 +177,7 @@ class DeepGemmGroupedMoE:
         down = ((a2, a2_scale), (w2, w2_block_scale), y, ends)
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*down, **per_expert)
         if keep is not None:
-            keep.update(rows_used=seg_end[-1:], segments=(seg_end, ends), steps=dict(
+            keep.update(seg_end=seg_end, steps=dict(
                 segments=lambda: moe_segments(topk_ids, self.experts),
                 segments_scatter_quantize=lambda: moe_scatter_quant(x, topk_ids, moe_segments(topk_ids, self.experts)[0], rows),
                 gemm_up=lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*up, **per_expert),

@@ -49,8 +49,8 @@ def torch_segments(topk_ids, experts: int):
 def before_steps(ids, keep) -> dict:
     """GPU us of what two glue steps were before: the segments as torch ops, and SiLU-and-mul with the quantizer
     over every padded row (now only the rows holding slots), each on this layer's routing."""
-    seg_end, _ = keep["segments"]
-    h = torch.randn(int(keep["rows_used"]) + 128, 2 * I, device="cuda").to(torch.bfloat16)
+    seg_end = keep["seg_end"]
+    h = torch.randn(int(seg_end[-1]) + 128, 2 * I, device="cuda").to(torch.bfloat16)
     return {"segments before (torch)": graph_us([lambda: torch_segments(ids, E)]),
             "silu_quantize before (all padded rows)": graph_us([lambda: silu_mul_quant(h, seg_end, seg_end)])}
 
@@ -88,7 +88,7 @@ def main():
             gemms = steps["gemm_up"] + steps["gemm_down"]
             flop = 2 * m * TOPK * (2 * I * H + H * I)
             dg = (f"{gdg:.1f} ({g16 / gdg:.2f}x) | {rel:.4f} | {gemms:.1f} | {flop / gemms / 1e6:.0f} "
-                  f"| {int(keep['rows_used'])} / {m * TOPK} | " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
+                  f"| {int(keep['seg_end'][-1])} / {m * TOPK} | " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()))
         except Exception as e:  # noqa: BLE001 - a refused shape or a JIT failure: say so in the table
             dg = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]} | n/a | n/a | n/a | n/a | n/a"
         lines.append(f"| {m} | {g16:.1f} | {tri} | {cut} | {dg} |")
