@@ -40,10 +40,10 @@ def launch_flags(base: str, flags: str) -> list:
                 out[-1].append(token)
         return out
 
-    given = {group[0].split("=")[0] for group in groups(shlex.split(flags))}
+    mine = shlex.split(flags)
+    given = {group[0].split("=")[0] for group in groups(mine)}
     dropped = given | {TURNS_OFF[flag] for flag in given if flag in TURNS_OFF}
-    return [token for group in groups(shlex.split(base)) if group[0] not in dropped for token in group] + \
-        shlex.split(flags)
+    return [token for group in groups(shlex.split(base)) if group[0] not in dropped for token in group] + mine
 
 
 class Server:

@@ -250,8 +250,8 @@ def read_profile(trace_dir: Path, what: str, prefill: bool = False) -> dict:
         raise RuntimeError(f"{traces[-1]} holds fewer than two greedy argmax kernels: its steps cannot be told apart")
     profile = {"what": what}
     if prefill:
-        longest = max(step_busy_us(step) for step in steps)
-        kept = [step for step in steps if step_busy_us(step) > longest / 2]
+        busy = [step_busy_us(step) for step in steps]
+        kept = [step for step, us in zip(steps, busy) if us > max(busy) / 2]
         profile["left_out"], steps = len(steps) - len(kept), kept
     return dict(profile, kernels=kernel_times(steps), timeline=step_timeline(steps, consecutive=not prefill))
 
