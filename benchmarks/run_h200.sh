@@ -190,6 +190,9 @@ e2e)
   # the one-token GEMVs served: E2E_MX="no dense GEMV=SGLANG_MXFP8_GEMV=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   # (or "no GEMV MoE=SGLANG_MXFP8_MOE_GEMV=0 ..."), with E2E_ARGS="--concurrency 1 --profile-batch 1"
   # E2E_ARGS="--profile-prefill 4": also where a 1024-token prefill batch spends its GPU time, per server
+  # On a fresh machine an MXFP8 server's first start captures its decode graphs in ~2 min (our Triton kernels
+  # compile; BF16 ~45 s) and, unless e2e-prep ran with DEEPGEMM=1 here, compiles DeepGEMM's kernels while loading
+  # (~95 s): e2e-prep and e2e do not fit one 10-minute command together
   # E2E_FLAGS: more launch flags for every server, after the base ones (the last of a repeated flag wins), e.g.
   # E2E_FLAGS="--attention-backend fa3" once fa3-install has run on this machine
   # SGLang's piecewise CUDA graphs for prefill batches, its default (sglang_mxfp8.serving's base flags turn them off
