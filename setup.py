@@ -12,7 +12,7 @@ from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
 PTH_NAME = "sglang_mxfp8.pth"
-PTH_SOURCE = Path(__file__).parent / "sglang_mxfp8" / "startup" / PTH_NAME
+PTH_SOURCE = Path(__file__).parent / "sglang_mxfp8" / "sglang" / PTH_NAME
 
 
 class BuildPyWithPth(build_py):

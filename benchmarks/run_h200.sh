@@ -41,7 +41,7 @@ export FLASHINFER_WORKSPACE_BASE=/tmp/fi_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 deepgemm_env() {
-  # DeepGEMM for prefill batches (moe_hopper.DeepGemmGroupedMoE, deepgemm_sm90.dense_gemm). .deepgemm (git-ignored,
+  # DeepGEMM for prefill batches (kernels/moe/deepgemm.py, ops/deepgemm_sm90.py). .deepgemm (git-ignored,
   # carried): DeepGEMM's sources (git clone https://github.com/deepseek-ai/DeepGEMM .deepgemm; checkout 54e2261,
   # without its submodules) with fmt's headers in .deepgemm/third-party/fmt/include (CUTLASS's come from FlashInfer's
   # wheel), and prebuilt/_C.so where an earlier machine of this image built it (the deepgemm phase writes
@@ -81,8 +81,8 @@ deepgemm_compile_twice() {
 tiny_checkpoints() {
   # two tiny Qwen3-MoE checkpoints with different weights, BF16 and MXFP8: /tmp/tm_{bf16,mx}, /tmp/tm2_{bf16,mx}
   python3 - <<'PY'
-from sglang_mxfp8.tiny_model import write_qwen3_moe
-from sglang_mxfp8.convert import convert
+from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+from sglang_mxfp8.format.convert import convert
 write_qwen3_moe("/tmp/tm_bf16", seed=0); write_qwen3_moe("/tmp/tm2_bf16", seed=1)
 convert("/tmp/tm_bf16", "/tmp/tm_mx", force=True, progress=False); convert("/tmp/tm2_bf16", "/tmp/tm2_mx", force=True, progress=False)
 PY
@@ -142,7 +142,7 @@ kernels)
   ;;
 gsm8k)
   # the offline gsm8k benchmark against the real server (random tiny model: the pipeline, not accuracy)
-  python3 -c 'from sglang_mxfp8.tiny_model import write_qwen3_moe; from sglang_mxfp8.convert import convert; write_qwen3_moe("/tmp/gt_bf16", tokenizer=True); convert("/tmp/gt_bf16", "/tmp/gt_mx", force=True, progress=False)'
+  python3 -c 'from sglang_mxfp8.cli.tiny_model import write_qwen3_moe; from sglang_mxfp8.format.convert import convert; write_qwen3_moe("/tmp/gt_bf16", tokenizer=True); convert("/tmp/gt_bf16", "/tmp/gt_mx", force=True, progress=False)'
   python3 benchmarks/gsm8k/serve_and_bench.py /tmp/gt_mx --log-dir "$OUT" \
     --flags "--fp8-gemm-backend triton --moe-runner-backend triton" -- \
     --num-questions 200 --num-shots 5 --parallel 64 --max-new-tokens 64 --result-file "$OUT/gsm8k.jsonl"
@@ -152,7 +152,7 @@ reliability)
   ;;
 stock)
   # the README's stock command, as is, on an MXFP8 MoE checkpoint: must fail before spawning, in one line
-  python3 -c 'from sglang_mxfp8.tiny_model import write_qwen3_moe; from sglang_mxfp8.convert import convert; write_qwen3_moe("/tmp/st_bf16"); convert("/tmp/st_bf16", "/tmp/st_mx", force=True, progress=False)'
+  python3 -c 'from sglang_mxfp8.cli.tiny_model import write_qwen3_moe; from sglang_mxfp8.format.convert import convert; write_qwen3_moe("/tmp/st_bf16"); convert("/tmp/st_bf16", "/tmp/st_mx", force=True, progress=False)'
   start=$(date +%s)
   timeout 300 python3 -m sglang.launch_server --model-path /tmp/st_mx --fp8-gemm-backend flashinfer_trtllm \
     --moe-runner-backend flashinfer_cutlass --skip-tokenizer-init --attention-backend triton > "$OUT/stock.log" 2>&1
@@ -173,29 +173,29 @@ e2e-prep)
   df -h /tmp | tail -1
   ;;
 e2e)
-  # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/flashinfer_sm90.py)
-  export SGLANG_MXFP8_FLASHINFER_PRECOMPILE=${PRECOMPILE:-1}
+  # FlashInfer SM90 GEMM kernels for every tile config compiled at load unless PRECOMPILE=0 (sglang_mxfp8/kernels/linear/flashinfer_sm90.py)
+  export SGLANG_MXFP8_PRECOMPILE=${PRECOMPILE:-1}
   [ "${DEEPGEMM:-0}" = 1 ] && { deepgemm_env || exit 1; }  # DEEPGEMM=1: prefill batches (dense and MoE) on DeepGEMM
   # MoE batches of 2048+ tokens run SGLang's CUTLASS grouped MoE, of 1024+ DeepGEMM's with DEEPGEMM=1
-  # (sglang_mxfp8/moe_hopper.py). Two servers
+  # (sglang_mxfp8/kernels/registry.py). Two servers
   # at 8 layers fit the 10-minute command with fixed-size rounds (each FlashInfer server precompiles for
   # 1.5-3 min); the 6 s rounds and the batch-128 profile should add about a minute per server (not yet
   # timed), so run e2e-prep first;
   # E2E_MX="NAME=[ENV=VALUE ...] FLAGS" adds an MXFP8 variant, e.g.
-  # PRECOMPILE=0 E2E_LAYERS=4 E2E_MX="no CUTLASS prefill=SGLANG_MXFP8_CUTLASS_PREFILL_MOE=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
+  # PRECOMPILE=0 E2E_LAYERS=4 E2E_MX="no CUTLASS prefill=SGLANG_MXFP8_DISABLED_KERNELS=cutlass_moe --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
   # E2E_ARGS passes more options to bench_throughput.py, e.g. E2E_ARGS="--concurrency 16 128"; each timed round
   # runs ROUND_SECONDS (default 6) of back-to-back requests per client (ROUND_SECONDS=0: fixed 2 x c requests);
   # WINDOW_SECONDS=W instead: each concurrency in one run of clients with staggered starts, rated over --repeats
   # windows of W s in its steady state (bench_throughput.steady_windows)
-  # the one-token GEMVs served: E2E_MX="no dense GEMV=SGLANG_MXFP8_GEMV=0 --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
-  # (or "no GEMV MoE=SGLANG_MXFP8_MOE_GEMV=0 ..."), with E2E_ARGS="--concurrency 1 --profile-batch 1"
+  # the one-token GEMVs served: E2E_MX="no dense GEMV=SGLANG_MXFP8_DISABLED_KERNELS=gemv --fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton"
+  # (or "no GEMV MoE=SGLANG_MXFP8_DISABLED_KERNELS=moe_gemv ..."), with E2E_ARGS="--concurrency 1 --profile-batch 1"
   # E2E_ARGS="--profile-prefill 4": also where a 1024-token prefill batch spends its GPU time, per server
   # On a fresh machine an MXFP8 server's first start captures its decode graphs in ~2 min (our Triton kernels
   # compile; BF16 ~45 s) and, unless e2e-prep ran with DEEPGEMM=1 here, compiles DeepGEMM's kernels while loading
   # (~95 s): e2e-prep and e2e do not fit one 10-minute command together
   # E2E_FLAGS: more launch flags for every server, after the base ones (the last of a repeated flag wins), e.g.
   # E2E_FLAGS="--attention-backend fa3" once fa3-install has run on this machine
-  # SGLang's piecewise CUDA graphs for prefill batches, its default (sglang_mxfp8.serving's base flags turn them off
+  # SGLang's piecewise CUDA graphs for prefill batches, its default (sglang_mxfp8.cli.serving's base flags turn them off
   # for quick starts), unless PIECEWISE=0 (every e2e run before the sixteenth session ran without them)
   PCG=""; [ "${PIECEWISE:-1}" = 1 ] && PCG=" --enforce-piecewise-cuda-graph"
   MEASURE="--round-seconds ${ROUND_SECONDS:-6}"
@@ -214,8 +214,8 @@ tp2)
   # small Qwen3-MoE whose shards stay whole 128-blocks at TP2 (intermediate 256 -> 128 per rank);
   # MoE on Triton: flashinfer_cutlass is refused on SM90 (see the stock phase)
   python3 - <<'PY'
-from sglang_mxfp8.tiny_model import write_qwen3_moe
-from sglang_mxfp8.convert import convert
+from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+from sglang_mxfp8.format.convert import convert
 for name, seed in (("tp_a", 0), ("tp_b", 1)):
     write_qwen3_moe(f"/tmp/{name}_bf16", seed=seed, moe_intermediate=256)
     convert(f"/tmp/{name}_bf16", f"/tmp/{name}_mx", force=True, progress=False)

@@ -66,7 +66,7 @@ def mxfp8_linear(prefix: str, w, s):
     import torch
     from sglang.srt.model_loader.weight_utils import default_weight_loader
 
-    from sglang_mxfp8 import quant_methods as qm
+    from sglang_mxfp8.sglang import quant_methods as qm
 
     cfg = qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
                                       "weight_block_size": [1, 32]})
@@ -84,3 +84,13 @@ def mxfp8_linear(prefix: str, w, s):
 @pytest.fixture
 def miles_ckpt(tmp_path):
     return write_config(tmp_path / "miles", MILES_QUANT)
+
+
+@pytest.fixture(autouse=True)
+def fresh_settings():
+    """Each test reads SGLANG_MXFP8_* as its own environment sets them (the package reads them once per process)."""
+    from sglang_mxfp8 import settings
+
+    settings.current.cache_clear()
+    yield
+    settings.current.cache_clear()

@@ -5,16 +5,12 @@ import inspect
 import pytest
 import torch
 
-from sglang_mxfp8 import layouts
-from sglang_mxfp8.blackwell import (
-    BlackwellCutlassDense,
-    BlackwellTrtllmDense,
-    CutlassMoeScales,
-    require_mxfp8_quantize_kernel,
-)
-from sglang_mxfp8.numerics import dequantize_mxfp8, quantize_mxfp8
-from sglang_mxfp8.refit import PartialReloadError
-from sglang_mxfp8.resolver import Choice
+from sglang_mxfp8.format import layouts
+from sglang_mxfp8.format.numerics import dequantize_mxfp8, quantize_mxfp8
+from sglang_mxfp8.format.refit import PartialReloadError
+from sglang_mxfp8.kernels.base import LayerState, LinearSpec
+from sglang_mxfp8.kernels.linear.flashinfer_sm100 import FlashInferCutlassMxfp8, FlashInferTrtllmMxfp8
+from sglang_mxfp8.ops.flashinfer_sm100 import CutlassMoeScales, require_mxfp8_quantize_kernel
 
 flashinfer = pytest.importorskip("flashinfer")
 
@@ -61,21 +57,37 @@ class Layer(torch.nn.Module):
     pass
 
 
+class Kernel:
+    """A Blackwell kernel bound to one layer's state, as its plan calls it."""
+
+    def __init__(self, kernel, state):
+        self.kernel, self.state = kernel, state
+
+    def __getattr__(self, name):  # the state's buffers: storage, scale_shuffled, scale_swizzled, shuffle
+        return getattr(self.state, name)
+
+    def process_weights_after_loading(self, layer, scale):
+        return self.kernel.process_weights_after_loading(layer, self.state, scale)
+
+    def emulate(self, layer, x):
+        return self.kernel.emulate(layer, self.state, x)
+
+
 def _layer(cls, n, k, seed=0, ckpt=None):
     g = torch.Generator().manual_seed(seed)
     q, s = ckpt if ckpt is not None else quantize_mxfp8(torch.randn(n, k, generator=g))
     layer = Layer()
     layer.weight = torch.nn.Parameter(torch.empty(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
     layer.weight_scale_inv = torch.nn.Parameter(torch.zeros(n, k // 32, dtype=torch.uint8), requires_grad=False)
-    be = cls(Choice(cls.kernel, "test"), "model.layers.0.mlp.down_proj")
-    be.create_buffers(layer, n, k)
+    be = Kernel(cls(), LayerState())
+    be.kernel.create_buffers(layer, LinearSpec("model.layers.0.mlp.down_proj", n, k), be.state)
     layer.weight.data.copy_(q)  # what SGLang's loader does
     layer.weight_scale_inv.data.copy_(s)
     be.process_weights_after_loading(layer, layer.weight_scale_inv)
     return layer, be, q, s
 
 
-@pytest.mark.parametrize("cls", [BlackwellTrtllmDense, BlackwellCutlassDense])
+@pytest.mark.parametrize("cls", [FlashInferTrtllmMxfp8, FlashInferCutlassMxfp8])
 @pytest.mark.parametrize("n,k,m", [(200, 256, 7), (256, 512, 1), (130, 768, 33)])
 def test_emulated_sm100_forward_equals_mxfp8_reference(cls, n, k, m):
     layer, be, q, s = _layer(cls, n, k)
@@ -91,56 +103,57 @@ def test_trtllm_prep_matches_flashinfer_recipe_and_keeps_one_fp8_copy():
     from flashinfer import shuffle_matrix_a
 
     n, k = 200, 256
-    layer, be, q, s = _layer(BlackwellTrtllmDense, n, k)
+    layer, be, q, s = _layer(FlashInferTrtllmMxfp8, n, k)
     padded = torch.zeros(256, k, dtype=torch.uint8)
     padded[:n] = q.view(torch.uint8)
     assert torch.equal(be.storage.view(torch.uint8), shuffle_matrix_a(padded, 128))  # FlashInfer's own helper
     assert layer.weight.shape == (n, k) and layer.weight.dtype == torch.float8_e4m3fn  # checkpoint shape
     assert layer.weight.data_ptr() == be.storage.data_ptr()  # the parameter is a view, not a copy
-    fp8_bytes = sum(t.numel() for t in layer.buffers() if t.dtype == torch.float8_e4m3fn)
-    assert fp8_bytes == 0  # no second FP8 tensor anywhere on the layer
-    n_pad_rows = layouts.unswizzle_128x4(layer.mxfp8_scale_shuffled, 256, k // 32)
+    fp8 = [t for _, t in be.state.tensors() if t.dtype == torch.float8_e4m3fn] + list(layer.buffers())
+    storage = layer.weight.untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == storage for t in fp8)  # no second FP8 tensor anywhere
+    n_pad_rows = layouts.unswizzle_128x4(be.scale_shuffled, 256, k // 32)
     assert (n_pad_rows != 0).all()  # padding rows carry scale 1.0, not a zero byte
 
 
 def test_trtllm_refit_is_idempotent_and_in_place():
     n, k = 200, 256
-    layer, be, q, s = _layer(BlackwellTrtllmDense, n, k)
-    snap = (be.storage.clone(), layer.mxfp8_scale_shuffled.clone())
-    ptrs = (be.storage.data_ptr(), layer.mxfp8_scale_shuffled.data_ptr())
+    layer, be, q, s = _layer(FlashInferTrtllmMxfp8, n, k)
+    snap = (be.storage.clone(), be.scale_shuffled.clone())
+    ptrs = (be.storage.data_ptr(), be.scale_shuffled.data_ptr())
     be.process_weights_after_loading(layer, layer.weight_scale_inv)  # twice: no double shuffle
     assert torch.equal(be.storage.view(torch.uint8), snap[0].view(torch.uint8))
     layer.weight.data.copy_(q)  # full reload of the same checkpoint
     layer.weight_scale_inv.data.copy_(s)
     be.process_weights_after_loading(layer, layer.weight_scale_inv)
     assert torch.equal(be.storage.view(torch.uint8), snap[0].view(torch.uint8))
-    assert torch.equal(layer.mxfp8_scale_shuffled, snap[1])
-    assert (be.storage.data_ptr(), layer.mxfp8_scale_shuffled.data_ptr()) == ptrs
+    assert torch.equal(be.scale_shuffled, snap[1])
+    assert (be.storage.data_ptr(), be.scale_shuffled.data_ptr()) == ptrs
     q2, s2 = quantize_mxfp8(torch.randn(n, k))  # refit to another checkpoint == fresh load
     layer.weight.data.copy_(q2)
     layer.weight_scale_inv.data.copy_(s2)
     be.process_weights_after_loading(layer, layer.weight_scale_inv)
-    fresh, fresh_be, _, _ = _layer(BlackwellTrtllmDense, n, k, ckpt=(q2, s2))
+    fresh, fresh_be, _, _ = _layer(FlashInferTrtllmMxfp8, n, k, ckpt=(q2, s2))
     assert torch.equal(be.storage.view(torch.uint8), fresh_be.storage.view(torch.uint8))
-    assert torch.equal(layer.mxfp8_scale_shuffled, fresh.mxfp8_scale_shuffled)
+    assert torch.equal(be.scale_shuffled, fresh_be.scale_shuffled)
 
 
 def test_trtllm_partial_reload_inside_a_shuffle_block_is_refused():
-    layer, be, q, s = _layer(BlackwellTrtllmDense, 256, 256)
+    layer, be, q, s = _layer(FlashInferTrtllmMxfp8, 256, 256)
     layer.weight.data[:16].copy_(q[:16])
     with pytest.raises(PartialReloadError, match=r"down_proj: rows 0\.\.31 were partly reloaded"):
         be.process_weights_after_loading(layer, layer.weight_scale_inv)
 
 
 def test_cutlass_scale_buffer_is_rewritten_in_place():
-    layer, be, q, s = _layer(BlackwellCutlassDense, 200, 256)
-    ptr = layer.mxfp8_scale_swizzled.data_ptr()
+    layer, be, q, s = _layer(FlashInferCutlassMxfp8, 200, 256)
+    ptr = be.scale_swizzled.data_ptr()
     assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8))  # weight untouched
     _, s2 = quantize_mxfp8(torch.randn(200, 256) * 10)
     layer.weight_scale_inv.data.copy_(s2)
     be.process_weights_after_loading(layer, layer.weight_scale_inv)
-    assert layer.mxfp8_scale_swizzled.data_ptr() == ptr
-    assert torch.equal(layouts.unswizzle_128x4(layer.mxfp8_scale_swizzled, 200, 8), s2)
+    assert be.scale_swizzled.data_ptr() == ptr
+    assert torch.equal(layouts.unswizzle_128x4(be.scale_swizzled, 200, 8), s2)
 
 
 # ---- MoE ----------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from safetensors import safe_open
 
 from conftest import run_python
 from sglang_mxfp8.cli import main as cli
-from sglang_mxfp8.convert import ConvertError, convert, validate
-from sglang_mxfp8.numerics import dequantize_mxfp8, quantize_mxfp8
+from sglang_mxfp8.format.convert import ConvertError, convert, validate
+from sglang_mxfp8.format.numerics import dequantize_mxfp8, quantize_mxfp8
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_nan_weight_is_named(tmp_path):
 
 def test_expert_with_k_not_multiple_of_32_is_refused(tmp_path):
     """A dense layer with K % 32 != 0 stays BF16 (listed as not converted); an expert cannot."""
-    from sglang_mxfp8.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
 
     src = write_qwen3_moe(tmp_path / "k144", moe_intermediate=144)  # experts' down_proj: K = 144
     with pytest.raises(ConvertError, match=r"model.layers.0.mlp.experts.0.down_proj.weight has K=144, not a "
@@ -117,24 +117,22 @@ def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "tensors quantized to MXFP8" in out
     assert "GPU: NVIDIA H200 (SM90)" in out
-    assert "dense model.layers.N.mlp.down_proj [128 x 352] x2: hopper_triton_w8a8" in out  # K=352 not % 128
+    # K=352 not % 128: FlashInfer's GEMM cannot, the Triton kernel takes it, its weight-only GEMM small batches
+    assert "dense model.layers.N.mlp.down_proj [128 x 352] x2: 1-16 tokens: weight_only; other batches: triton_w8a8" in out
     # as SGLang serves them, fused: gate 352 + up 352 rows, a multiple of 64 that neither is alone
-    assert "dense model.layers.N.mlp.gate_up_proj [704 x 128] x2 (gate_proj + up_proj): hopper_flashinfer_blockscale" in out
-    assert "dense model.layers.N.self_attn.qkv_proj [256 x 128] x2 (q_proj + k_proj + v_proj): hopper_flashinfer_blockscale" in out
-    assert "dense model.layers.N.self_attn.o_proj [128 x 128] x2: hopper_flashinfer_blockscale" in out
+    assert "dense model.layers.N.mlp.gate_up_proj [704 x 128] x2 (gate_proj + up_proj): other batches: flashinfer_sm90" in out
+    assert "dense model.layers.N.self_attn.qkv_proj [256 x 128] x2 (q_proj + k_proj + v_proj): other batches: flashinfer_sm90" in out
+    assert "dense model.layers.N.self_attn.o_proj [128 x 128] x2: other batches: flashinfer_sm90" in out
     assert sum(line.startswith("  dense ") for line in out.splitlines()) == 4
-    assert "; its kernels compiled while the model loads" in out
-    assert "down_proj [128 x 352] x2: hopper_triton_w8a8" in out
-    assert "; weight-only FP8 GEMM for batches of up to 16 tokens" in out
     assert cli(["doctor", "--gpu", "h200", "--model", str(dst), "--fp8-gemm-backend", "flashinfer_cutlass"]) == 1
     assert "cannot run MXFP8 on NVIDIA H200 (SM90)" in capsys.readouterr().out
 
 
 def test_doctor_checks_the_checkpoint_without_a_gpu(hf_llama, tmp_path, capsys, monkeypatch):
     """On a machine with no GPU, --model is still read: its format, or one line on why it is not one."""
-    import sglang_mxfp8.gpu
+    import sglang_mxfp8.platform
 
-    monkeypatch.setattr(sglang_mxfp8.gpu, "visible_gpu", lambda: None)  # CI has none; a GPU box must behave alike
+    monkeypatch.setattr(sglang_mxfp8.platform, "visible_gpu", lambda: None)  # CI has none; a GPU box must behave alike
     dst = tmp_path / "mx"
     assert cli(["convert", str(hf_llama), str(dst)]) == 0
     capsys.readouterr()
@@ -155,41 +153,43 @@ def test_doctor_names_the_dense_prefill_kernel(tmp_path, capsys, monkeypatch):
     """Layers on the FlashInfer backend: batches of 1024+ tokens on DeepGEMM where it can run, else on cuBLAS where
     K % 512 == 0 (with why not DeepGEMM), unless switched off."""
     transformers = pytest.importorskip("transformers")
-    from sglang_mxfp8 import deepgemm_sm90, dense
+    from sglang_mxfp8 import platform
 
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
     transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     convert(tmp_path / "bf16", tmp_path / "mx", progress=False)
     args = ["doctor", "--gpu", "h200", "--model", str(tmp_path / "mx"), "--fp8-gemm-backend", "flashinfer_trtllm"]
-    monkeypatch.delenv(dense.CUBLAS_PREFILL_ENV, raising=False)
-    monkeypatch.setattr(deepgemm_sm90, "dense_unavailable", lambda n, k, dtype: "not installed")
+    from sglang_mxfp8 import settings
+
+    monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": "not installed")
+    monkeypatch.setattr(platform, "cublas_blockscale_missing", lambda: None)
     assert cli(args) == 0
     out = capsys.readouterr().out
-    cublas = ("; batches of 1024+ tokens on cuBLAS's block-scaled GEMM (SGLANG_MXFP8_CUBLAS_PREFILL=0 turns it off; "
-              "not DeepGEMM: not installed)")
+    cublas = "1024+ tokens: cublas; other batches: flashinfer_sm90"
     up = next(line for line in out.splitlines() if "gate_up_proj [2048 x 512] x1 (gate_proj + up_proj)" in line)
-    assert "hopper_flashinfer_blockscale" in up and up.endswith(cublas)
+    assert cublas in up and up.endswith("; not deepgemm: not installed]")
     assert out.count(cublas) == 4  # qkv, o, gate_up, down: every K a multiple of 512, every N of 128
-    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "0")
-    assert cli(args) == 0 and "tokens on" not in capsys.readouterr().out
-    monkeypatch.setattr(deepgemm_sm90, "dense_unavailable", lambda n, k, dtype: None)
+    monkeypatch.setenv("SGLANG_MXFP8_DISABLED_KERNELS", "cublas")
+    settings.current.cache_clear()
+    assert cli(args) == 0 and "1024+ tokens" not in capsys.readouterr().out
+    monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": None)
     assert cli(args) == 0
-    deepgemm = "; batches of 1024+ tokens on DeepGEMM's FP8 GEMM (SGLANG_MXFP8_DEEPGEMM_PREFILL_DENSE=0 turns it off)"
-    assert capsys.readouterr().out.count(deepgemm) == 4
+    assert capsys.readouterr().out.count("1024+ tokens: deepgemm; other batches: flashinfer_sm90") == 4
 
 
 def test_demo_cpu_path(tmp_path, capsys):
     assert cli(["demo", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "56 tensors quantized" in out and "[4/4] done (CPU path)" in out
-    assert "NVIDIA H200 (SM90) --moe-runner-backend auto: hopper_triton_moe" in out
+    assert "NVIDIA H200 (SM90) --moe-runner-backend auto: experts (8 experts, hidden 256, intermediate 128): " in out
+    assert "other batches: triton_moe" in out
 
 
 def test_tiny_model_tokenizer_travels_with_conversion(tmp_path):
     from transformers import AutoTokenizer
 
-    from sglang_mxfp8.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
 
     src = write_qwen3_moe(tmp_path / "bf16", tokenizer=True)
     convert(src, tmp_path / "mx", progress=False)

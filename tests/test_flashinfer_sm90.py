@@ -9,8 +9,7 @@ stages). tests/gpu checks the whole enumeration against the kernels FlashInfer c
 import pytest
 
 from conftest import set_server_args
-from sglang_mxfp8 import flashinfer_sm90 as fs
-from sglang_mxfp8.dense import serving_max_tokens
+from sglang_mxfp8.ops import flashinfer_sm90 as fs
 
 H200_SMS = 132
 
@@ -42,18 +41,13 @@ def test_every_config_up_to_max_m_has_its_smallest_m(n, k):
 
 
 def test_serving_max_tokens_from_sglang_server_args():
+    import sglang.srt.layers.quantization.fp8  # noqa: F401 - SGLang's module first: its patch imports quant_methods
+
+    from sglang_mxfp8.sglang.quant_methods import serving_max_tokens
+
     set_server_args(chunked_prefill_size=8192, max_prefill_tokens=16384, cuda_graph_max_bs=128)
     assert serving_max_tokens() == 8192
     set_server_args(chunked_prefill_size=-1, max_prefill_tokens=16384, cuda_graph_max_bs=128)
     assert serving_max_tokens() == 16384
     set_server_args(chunked_prefill_size=64, max_prefill_tokens=16384, cuda_graph_max_bs=256)
     assert serving_max_tokens() == 256
-
-
-@pytest.mark.parametrize("value,enabled", [(None, True), ("1", True), ("on", True), ("0", False), ("off", False)])
-def test_precompile_is_on_unless_turned_off(monkeypatch, value, enabled):
-    if value is None:
-        monkeypatch.delenv(fs.PRECOMPILE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(fs.PRECOMPILE_ENV, value)
-    assert fs.precompile_enabled() is enabled

@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sglang_mxfp8 import triton_hopper as th  # noqa: E402
+from sglang_mxfp8.ops import triton_sm90 as th  # noqa: E402
 
 NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 # pointer arguments by name (every other pointer is a bf16 activation or output; every other argument an int32)

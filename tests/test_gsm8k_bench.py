@@ -101,7 +101,7 @@ def test_platinum_without_local_file_says_why():
 
 
 class _PeerServer:
-    """Stands in for sglang_mxfp8.serving.Server (no SGLang server runs on CPU): the gsm8k test peer."""
+    """Stands in for sglang_mxfp8.cli.serving.Server (no SGLang server runs on CPU): the gsm8k test peer."""
 
     def __init__(self, name, ckpt, flags, port, log_dir, text=False):
         self.name, self.port, self.cmd = name, port, f"peer {ckpt} {flags}".strip()
@@ -128,9 +128,9 @@ class _PeerServer:
 def test_run_accuracy_tables_servers_and_differences(tmp_path, monkeypatch, capsys):
     import runpy
 
-    import sglang_mxfp8.serving
+    import sglang_mxfp8.cli.serving
 
-    monkeypatch.setattr(sglang_mxfp8.serving, "Server", _PeerServer)
+    monkeypatch.setattr(sglang_mxfp8.cli.serving, "Server", _PeerServer)
     monkeypatch.setattr(sys, "argv", [
         "run_accuracy.py", "--out", str(tmp_path), "--port", str(_free_port()),
         "--serve", "ref=good", "--serve", "mx=fails_q4:--fp8-gemm-backend triton", "--serve", "dead=broken",
@@ -146,7 +146,7 @@ def test_run_accuracy_tables_servers_and_differences(tmp_path, monkeypatch, caps
 
 def test_server_refuses_a_port_already_serving():
     """A leftover server on the port would answer health checks meant for ours."""
-    from sglang_mxfp8.serving import Server
+    from sglang_mxfp8.cli.serving import Server
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ import pytest
 import sglang
 
 from conftest import set_server_args, write_config
-from sglang_mxfp8 import plugin
+from sglang_mxfp8.sglang import plugin
 
 H200_FP8_BLOCK = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
 SGLANG_CONFIGS = Path(sglang.__file__).parent / "srt/layers/moe/fused_moe_triton/configs"

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_mxfp8.numerics import (
+from sglang_mxfp8.format.numerics import (
     E4M3_MAX,
     convert_to_block_scales,
     dequantize_block_fp8,
@@ -136,7 +136,7 @@ def test_conversion_rejects_nan_scales():
 def test_row_conversion_is_nearly_lossless(shape):
     """One power-of-two scale per row (per-channel FP8): the same in-place exponent shift as the block scales,
     over a whole row instead of 128x128; fewer elements move than with 128-row blocks on the same weights."""
-    from sglang_mxfp8.numerics import convert_to_row_scales
+    from sglang_mxfp8.format.numerics import convert_to_row_scales
 
     x = _rand(7, *shape, spread=0.7) * torch.exp(torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
     q, s = quantize_mxfp8(x)
@@ -153,7 +153,7 @@ def test_row_conversion_is_nearly_lossless(shape):
 
 
 def test_row_conversion_ignores_zero_subblocks_and_rejects_nan_scales():
-    from sglang_mxfp8.numerics import convert_to_row_scales
+    from sglang_mxfp8.format.numerics import convert_to_row_scales
 
     x = torch.randn(3, 256, dtype=torch.float64) * 1e-3
     x[0, 32:64] = 0.0  # a zero sub-block's scale byte (1.0) must not set the row's scale

@@ -16,17 +16,17 @@ def test_wheel_carries_startup_hook_and_entry_points(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         assert "sglang_mxfp8.pth" in names
-        assert z.read("sglang_mxfp8.pth").decode() == (ROOT / "sglang_mxfp8/startup/sglang_mxfp8.pth").read_text()
+        assert z.read("sglang_mxfp8.pth").decode() == (ROOT / "sglang_mxfp8/sglang/sglang_mxfp8.pth").read_text()
         entry_points = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-        shipped = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "sglang_mxfp8/moe_configs").glob("*/*.json"))
+        shipped = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "sglang_mxfp8/sglang/moe_configs").glob("*/*.json"))
         assert shipped and all(n in names for n in shipped), (shipped, names)
     assert "sglang-mxfp8 = sglang_mxfp8.cli:main" in entry_points
-    assert "[sglang.srt.plugins]" in entry_points and "mxfp8 = sglang_mxfp8.plugin:register" in entry_points
+    assert "[sglang.srt.plugins]" in entry_points and "mxfp8 = sglang_mxfp8.sglang.plugin:register" in entry_points
 
 
 def test_hook_is_silent_where_the_package_is_gone(tmp_path):
     """An editable install whose source moved leaves the .pth behind; Python must still start cleanly."""
-    (tmp_path / "sglang_mxfp8.pth").write_text((ROOT / "sglang_mxfp8/startup/sglang_mxfp8.pth").read_text())
+    (tmp_path / "sglang_mxfp8.pth").write_text((ROOT / "sglang_mxfp8/sglang/sglang_mxfp8.pth").read_text())
     code = f"import site, sys; site.addsitedir({str(tmp_path)!r}); print('autoload' in str(sys.modules.keys()))"
     gone = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert gone.returncode == 0 and gone.stderr == "" and gone.stdout.strip() == "False"

@@ -13,20 +13,20 @@ import torch
 import sglang.srt.layers.quantization.fp8 as fp8
 from sglang.srt.compilation.piecewise_context_manager import enable_piecewise_cuda_graph
 from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
-from sglang_mxfp8 import dense
-from sglang_mxfp8.cli import KNOWN_GPUS
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.resolver import GpuSpec
+from sglang_mxfp8.cli.doctor import KNOWN_GPUS
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.platform import GpuSpec
+from sglang_mxfp8.sglang import quant_methods
 import conftest
 
 initialize_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))
-dense.current_gpu = lambda: GpuSpec(*KNOWN_GPUS["h200"])  # the kernel choice an H200 gets
+quant_methods.current_gpu = lambda: GpuSpec(*KNOWN_GPUS["h200"])  # the kernel choice an H200 gets
 fp8.get_tensor_model_parallel_world_size = lambda: 1  # no process group on this machine: one GPU's sizes
 torch.manual_seed(0)
 n, k = 320, 256
 layers = [conftest.mxfp8_linear(prefix, *quantize_mxfp8(torch.randn(n, k) * torch.logspace(-2, 1, k)))
           for prefix in ("model.layers.0.self_attn.o_proj", "model.layers.0.mlp.down_proj")]
-print("backend", type(layers[0].quant_method.backend).__name__)
+print("backend", layers[0].quant_method.plan.base.name)
 bias = torch.randn(n).to(torch.bfloat16)
 
 def two_layers(x):
@@ -55,6 +55,6 @@ def test_linear_layers_trace_as_one_op_each_and_compute_the_eager_result():
     p = run_python(CODE, {"TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO / "tests")}, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.strip().splitlines()
-    assert lines[0] == "backend HopperTritonDense"
+    assert lines[0] == "backend triton_w8a8"
     # per batch: our two ops, the slice between them (getitem), the same output bit for bit and NaN for NaN
     assert [line.split() for line in lines[1:]] == [["7", "2", "1", "True", "True"], ["200", "2", "1", "True", "True"]]

@@ -32,12 +32,12 @@ def test_disable_env_restores_sglang_rewrite(miles_ckpt):
 
 def test_fp8_module_sees_our_dispatch_and_config():
     p = run_python(
-        "import sglang.srt.layers.quantization.fp8 as fp8, sglang.srt.layers.quantization as q, sglang_mxfp8.dense as d\n"
+        "import sglang.srt.layers.quantization.fp8 as fp8, sglang.srt.layers.quantization as q, sglang_mxfp8.sglang.quant_methods as d\n"
         "print(fp8.dispatch_w8a8_mxfp8_linear.__wrapped__ is d.dispatch_w8a8_mxfp8_linear,"
         " q.QUANTIZATION_METHODS['mxfp8'].__module__, q.QUANTIZATION_METHODS['mxfp8'](is_checkpoint_fp8_serialized=True, use_mxfp8=True).get_min_capability())"
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["True", "sglang_mxfp8.quant_methods", "90"]
+    assert p.stdout.split() == ["True", "sglang_mxfp8.sglang.quant_methods", "90"]
 
 
 def test_disabled_interpreter_is_untouched():
@@ -49,7 +49,7 @@ def test_disabled_interpreter_is_untouched():
 
 
 def test_hook_is_cheap_in_unrelated_interpreters():
-    p = run_python("import sys; print(sorted(m for m in ('torch', 'sglang', 'sglang_mxfp8.plugin') if m in sys.modules))")
+    p = run_python("import sys; print(sorted(m for m in ('torch', 'sglang', 'sglang_mxfp8.sglang.plugin') if m in sys.modules))")
     assert p.returncode == 0 and p.stdout.strip() == "[]"
 
 
@@ -84,7 +84,7 @@ def test_from_config_reads_both_flavours():
 def test_moved_patch_target_fails_loudly():
     p = run_python(
         "import sglang.srt.server_args as sa\n"
-        "from sglang_mxfp8 import plugin\n"
+        "from sglang_mxfp8.sglang import plugin\n"
         "class Gone: pass\n"
         "sa.ServerArgs = Gone\n"
         "plugin.patch_server_args()\n"
@@ -99,18 +99,19 @@ def test_tensor_update_postprocess_runs_our_methods_once():
     """postprocess_mxfp8_modules on a real module tree with our real linear method (CPU tensors)."""
     code = """
 import torch, sglang.srt.layers.quantization as q
-from sglang_mxfp8 import plugin, quant_methods
-from sglang_mxfp8.dense import HopperTritonDense
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.resolver import Choice
+from sglang_mxfp8.sglang import plugin, quant_methods
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.kernels import registry
+from sglang_mxfp8.kernels.base import LinearSpec
+from sglang_mxfp8.platform import GpuSpec
 cfg = q.QUANTIZATION_METHODS['mxfp8'](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
 m = quant_methods.Mxfp8LinearMethod(cfg, 'model.layers.0.mlp.down_proj')
-m.backend = HopperTritonDense(Choice(HopperTritonDense.kernel, 't'), 'model.layers.0.mlp.down_proj')
+m.plan = registry.select_linear(LinearSpec('model.layers.0.mlp.down_proj', 256, 512), GpuSpec('NVIDIA H200', 90), 'triton')
 layer = torch.nn.Module(); layer.quant_method = m
 qw, s = quantize_mxfp8(torch.randn(256, 512) * torch.logspace(-2, 2, 512))
 layer.weight = torch.nn.Parameter(qw.clone(), requires_grad=False)
 layer.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
-m.backend.create_buffers(layer, 256, 512)
+layer.mxfp8_state = m.plan.create_buffers(layer)
 model = torch.nn.Sequential(layer)
 import logging
 logging.basicConfig(level=logging.INFO, format="LOG %(message)s", stream=__import__("sys").stdout)
@@ -118,7 +119,7 @@ print(plugin.postprocess_mxfp8_modules(model), quant_methods.ConversionReport.la
 plugin.postprocess_mxfp8_modules(model)
 print(quant_methods.ConversionReport.layers)  # idempotent: nothing new to convert
 print(sorted(plugin.mxfp8_tensors(model)))
-layer.mxfp8_converter.block_scale = layer.mxfp8_converter.block_scale.clone()  # storage moved
+layer.mxfp8_state.converter.block_scale = layer.mxfp8_state.converter.block_scale.clone()  # storage moved
 plugin.postprocess_mxfp8_modules(model)
 """
     p = run_python(code)
@@ -126,15 +127,15 @@ plugin.postprocess_mxfp8_modules(model)
     out = [line for line in p.stdout.splitlines() if not line.startswith("LOG")]
     logs = [line for line in p.stdout.splitlines() if line.startswith("LOG") and ("storage" in line or "moved" in line)]
     assert out[0].split() == ["1", "1"] and out[1] == "0"
-    assert "0.weight" in out[2] and "0.weight_scale_inv" in out[2] and "0.mxfp8_converter.block_scale" in out[2]
+    assert "0.weight" in out[2] and "0.weight_scale_inv" in out[2] and "0.mxfp8_state.converter.block_scale" in out[2]
     assert logs[0] == "LOG sglang_mxfp8: storage of 7 MXFP8 tensors recorded at first load"
     assert logs[1] == "LOG sglang_mxfp8: storage of all 7 MXFP8 tensors unchanged since the first load"
     assert logs[2].startswith("LOG sglang_mxfp8: 1 of 7 MXFP8 tensors moved since the first load "
-                              "(first: 0.mxfp8_converter.block_scale)")
+                              "(first: 0.mxfp8_state.converter.block_scale)")
 
 
 def test_checkpoint_declares_experts(miles_ckpt, tmp_path):
-    from sglang_mxfp8.checkpoint import has_experts
+    from sglang_mxfp8.format.checkpoint import has_experts
 
     dense = tmp_path / "dense"
     dense.mkdir()
@@ -145,18 +146,20 @@ def test_checkpoint_declares_experts(miles_ckpt, tmp_path):
 def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
     from types import SimpleNamespace
 
-    from sglang_mxfp8.plugin import validate_launch
-    from sglang_mxfp8.resolver import GpuSpec, Mxfp8ConfigError
+    from sglang_mxfp8.platform import GpuSpec
+    from sglang_mxfp8.sglang.plugin import Mxfp8LaunchError, validate_launch
 
     h200 = GpuSpec("NVIDIA H200", 90)
     args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(miles_ckpt))
-    validate_launch(args, h200, flashinfer=True)
+    validate_launch(args, h200)
     args.moe_runner_backend = "flashinfer_cutlass"  # a MoE checkpoint: the SM90 CUTLASS MoE module is not built
-    with pytest.raises(Mxfp8ConfigError, match=r"flashinfer_cutlass on NVIDIA H200 \(SM90\).*40 min.*--moe-runner-backend triton"):
-        validate_launch(args, h200, flashinfer=True)
+    with pytest.raises(Mxfp8LaunchError, match=r"flashinfer_cutlass on NVIDIA H200 \(SM90\).*40 min.*--moe-runner-backend triton"):
+        validate_launch(args, h200)
     args.moe_runner_backend, args.fp8_gemm_runner_backend = "triton", "flashinfer_cutlass"
-    with pytest.raises(Mxfp8ConfigError, match=r"--fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 \(SM90\); valid choices on this GPU: auto, triton, flashinfer_trtllm"):
-        validate_launch(args, h200, flashinfer=True)
+    with pytest.raises(Mxfp8LaunchError) as e:
+        validate_launch(args, h200)
+    assert e.value.code == ("sglang_mxfp8: --fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 (SM90): "
+                            "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_trtllm")
 
 
 def test_modelopt_mxfp8_described_only_by_hf_quant_config(tmp_path):
@@ -184,7 +187,7 @@ def test_patches_apply_once_and_keep_staticmethods():
     p = run_python(
         "import inspect\n"
         "from sglang.srt.model_loader import loader\n"
-        "from sglang_mxfp8 import plugin\n"
+        "from sglang_mxfp8.sglang import plugin\n"
         "plugin.patch_loader(); plugin.patch_loader()\n"
         "f = loader.DefaultModelLoader.load_weights_and_postprocess\n"
         "print(type(inspect.getattr_static(loader.DefaultModelLoader, 'load_weights_and_postprocess')).__name__,"
@@ -219,11 +222,12 @@ from safetensors.torch import save_file
 import sglang.srt.layers.quantization as q
 from sglang.srt.configs.load_config import LoadConfig
 from sglang.srt.model_loader.weight_utils import default_weight_loader
-from sglang_mxfp8 import plugin, quant_methods
-from sglang_mxfp8.dense import HopperTritonDense
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.refit import LoadTracker
-from sglang_mxfp8.resolver import Choice
+from sglang_mxfp8.sglang import plugin, quant_methods
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.format.refit import LoadTracker
+from sglang_mxfp8.kernels import registry
+from sglang_mxfp8.kernels.base import LinearSpec
+from sglang_mxfp8.platform import GpuSpec
 
 root = Path(sys.argv[1])
 stock = load_stock_update_weights_from_disk()
@@ -244,12 +248,12 @@ for name, tensors in ckpts.items():
 
 cfg = q.QUANTIZATION_METHODS["mxfp8"](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
 method = quant_methods.Mxfp8LinearMethod(cfg, "layer")
-method.backend = HopperTritonDense(Choice(HopperTritonDense.kernel, "t"), "layer")
+method.plan = registry.select_linear(LinearSpec("layer", 256, 512), GpuSpec("NVIDIA H200", 90), "triton")
 layer = torch.nn.Module(); layer.quant_method = method
 layer.weight = torch.nn.Parameter(torch.empty(256, 512, dtype=torch.float8_e4m3fn), requires_grad=False)
 layer.weight_scale_inv = torch.nn.Parameter(torch.empty(256, 16, dtype=torch.uint8), requires_grad=False)
 layer.mxfp8_loads = LoadTracker("layer", {"": (layer.weight, layer.weight_scale_inv)})
-method.backend.create_buffers(layer, 256, 512)
+layer.mxfp8_state = method.plan.create_buffers(layer)
 
 class Model(torch.nn.Module):
     def __init__(self):
@@ -272,7 +276,7 @@ runner = types.SimpleNamespace(
                                        hf_config=types.SimpleNamespace(architectures=["Qwen3ForCausalLM"])))
 
 def state():
-    return layer.weight.view(torch.uint8).clone(), layer.mxfp8_converter.block_scale.clone()
+    return layer.weight.view(torch.uint8).clone(), layer.mxfp8_state.converter.block_scale.clone()
 
 def refit(name, fn=patched):
     try:

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from sglang_mxfp8.numerics import dequantize_block_fp8, dequantize_mxfp8, quantize_mxfp8
-from sglang_mxfp8.refit import BlockScaleConverter, PartialReloadError
+from sglang_mxfp8.format.numerics import dequantize_block_fp8, dequantize_mxfp8, quantize_mxfp8
+from sglang_mxfp8.format.refit import BlockScaleConverter, PartialReloadError
 
 
 def _ckpt(seed, groups=2, rows=256, k=320):
@@ -133,7 +133,7 @@ def test_load_tracker_refuses_a_weight_loaded_without_its_scale():
     from sglang.srt.layers.parameter import ModelWeightParameter
     from sglang.srt.model_loader.weight_utils import default_weight_loader
 
-    from sglang_mxfp8.refit import LoadTracker
+    from sglang_mxfp8.format.refit import LoadTracker
 
     w13 = torch.nn.Parameter(torch.zeros(4, 8, 64, dtype=torch.float8_e4m3fn), requires_grad=False)
     s13 = torch.nn.Parameter(torch.zeros(4, 8, 2, dtype=torch.uint8), requires_grad=False)

@@ -1,10 +1,10 @@
-"""The launch command sglang_mxfp8.serving.Server runs: our base flags with the caller's, as SGLang's own argument
+"""The launch command sglang_mxfp8.cli.serving.Server runs: our base flags with the caller's, as SGLang's own argument
 parser and its piecewise-graph rule read them."""
 
 import argparse
 import shlex
 
-from sglang_mxfp8.serving import BASE_FLAGS, launch_flags
+from sglang_mxfp8.cli.serving import BASE_FLAGS, launch_flags
 
 
 def sglang_reads(argv: list) -> dict:

@@ -8,8 +8,8 @@ block must still reproduce the unsharded MXFP8 values.
 import pytest
 import torch
 
-from sglang_mxfp8.numerics import convert_to_block_scales, dequantize_block_fp8, dequantize_mxfp8, quantize_mxfp8
-from sglang_mxfp8.refit import BlockScaleConverter
+from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, dequantize_mxfp8, quantize_mxfp8
+from sglang_mxfp8.format.refit import BlockScaleConverter
 
 
 def _shard(q, s, dim, tp, rank):

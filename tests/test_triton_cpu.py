@@ -11,8 +11,8 @@ from conftest import run_python
 
 CODE = r"""
 import torch
-from sglang_mxfp8 import triton_hopper as th
-from sglang_mxfp8.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
+from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
 torch.manual_seed(0)
 worst = 0.0
 for m, n, k in [(1, 64, 128), (7, 200, 352), (33, 130, 256), (16, 96, 96), (70, 64, 160), (130, 72, 160)]:
@@ -46,8 +46,8 @@ print(f"{worst:.6f}")
 
 WEIGHT_ONLY = r"""
 import torch
-from sglang_mxfp8 import triton_hopper as th
-from sglang_mxfp8.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
+from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
 torch.manual_seed(1)
 worst = 0.0
 for m, n, k in [(1, 64, 128), (7, 200, 352), (16, 130, 256), (33, 96, 96), (64, 300, 160)]:
@@ -91,9 +91,9 @@ def test_interpreted_weight_only_kernel_matches_float32_reference():
 MOE_WEIGHT_ONLY = r"""
 import torch
 import torch.nn.functional as F
-from sglang_mxfp8 import triton_hopper as th
-from sglang_mxfp8.numerics import dequantize_block_fp8, quantize_mxfp8
-from sglang_mxfp8.refit import BlockScaleConverter
+from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_mxfp8
+from sglang_mxfp8.format.refit import BlockScaleConverter
 
 def align(topk_ids, block, num_experts):
     # SGLang's moe_align_block_size contract: ids grouped by expert, each group padded to the block
@@ -147,9 +147,9 @@ def test_interpreted_weight_only_moe_matches_float64_reference():
 GEMV = r"""
 import torch
 import torch.nn.functional as F
-from sglang_mxfp8 import triton_hopper as th
-from sglang_mxfp8.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
-from sglang_mxfp8.refit import BlockScaleConverter
+from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
+from sglang_mxfp8.format.refit import BlockScaleConverter
 
 torch.manual_seed(3)
 worst = 0.0
@@ -215,8 +215,8 @@ def test_interpreted_gemv_kernels_match_float64_reference():
 GROUPED_GLUE = r"""
 import torch
 import torch.nn.functional as F
-from sglang_mxfp8 import triton_hopper as th
-from sglang_mxfp8.numerics import quantize_activation_1x128
+from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.format.numerics import quantize_activation_1x128
 torch.manual_seed(3)
 experts, top_k = 6, 3
 for m, k in [(1, 128), (5, 256), (9, 1152)]:  # 1152: nine 128-groups, a second K step with one group in it

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sglang_mxfp8.serving import Server
+from sglang_mxfp8.cli.serving import Server
 
 BENCH = Path(__file__).resolve().parents[1] / "gsm8k" / "bench_sglang.py"
 

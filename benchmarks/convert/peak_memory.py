@@ -36,7 +36,7 @@ def main():
         (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
         (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
         code = (
-            "import resource, sys; from sglang_mxfp8.convert import convert\n"
+            "import resource, sys; from sglang_mxfp8.format.convert import convert\n"
             f"convert({str(src)!r}, {str(dst)!r}, progress=False)\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
         )

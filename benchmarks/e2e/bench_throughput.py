@@ -44,9 +44,9 @@ from pathlib import Path
 
 import requests
 
-from sglang_mxfp8.convert import convert
-from sglang_mxfp8.serving import Server
-from sglang_mxfp8.tiny_model import write_qwen3_moe
+from sglang_mxfp8.format.convert import convert
+from sglang_mxfp8.cli.serving import Server
+from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from plot_speedup import plot_beside  # noqa: E402

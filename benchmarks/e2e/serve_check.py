@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from sglang_mxfp8.serving import Server, divergence
+from sglang_mxfp8.cli.serving import Server, divergence
 
 def compare(a, b):
     same = sum(x["ids"] == y["ids"] for x, y in zip(a, b))

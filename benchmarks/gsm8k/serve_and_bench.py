@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sglang_mxfp8.serving import Server
+from sglang_mxfp8.cli.serving import Server
 
 
 def main():

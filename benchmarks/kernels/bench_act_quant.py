@@ -11,7 +11,7 @@ import argparse
 import torch
 from triton.testing import do_bench
 
-from sglang_mxfp8 import triton_hopper as th
+from sglang_mxfp8.ops import triton_sm90 as th
 
 KS = [2048, 4096, 14336]
 MS = [1, 16, 128, 1024, 8192]

@@ -1,5 +1,5 @@
 """The Hopper MoE's prefill kernels at prefill sizes: DeepGEMM's grouped FP8 GEMM with our glue
-(moe_hopper.DeepGemmGroupedMoE: tokens quantized and scattered to their experts' rows in one pass, grouped GEMM
+(kernels/moe/deepgemm.py, DeepGemmGroupedMoE: tokens quantized and scattered to their experts' rows in one pass, grouped GEMM
 gate/up, SiLU-and-mul with the quantizer, grouped GEMM down, the weighted gather) against SGLang's CUTLASS
 grouped MoE, SGLang's Triton fused MoE on the same block-FP8 weights (what smaller batches run; SGLang's default
 tile configs, as in a plain process) and SGLang's BF16 fused MoE, in the same run; GPU time per call in a CUDA graph (neither prefill
@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from sglang_mxfp8.deepgemm_sm90 import load as load_deep_gemm
-from sglang_mxfp8.moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE
-from sglang_mxfp8.triton_hopper import silu_mul_quant
+from sglang_mxfp8.platform import load_deep_gemm
+from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
+from sglang_mxfp8.kernels.moe.deepgemm import DeepGemmGroupedMoE
+from sglang_mxfp8.ops.triton_sm90 import silu_mul_quant
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402

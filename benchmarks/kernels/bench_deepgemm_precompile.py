@@ -15,14 +15,16 @@ from pathlib import Path
 
 import torch
 
-from sglang_mxfp8 import deepgemm_sm90
-from sglang_mxfp8.moe_hopper import DEEPGEMM_PREFILL_MIN_TOKENS, DeepGemmGroupedMoE
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.refit import BlockScaleConverter
+from sglang_mxfp8.kernels import registry
+from sglang_mxfp8.kernels.base import LayerState, MoESpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dense import SHAPES  # noqa: E402
 from bench_moe import E, H, I, TOPK, experts  # noqa: E402
+from hopper_layers import linear  # noqa: E402
+
+MIN_TOKENS = 1024  # the registry's prefill band for DeepGEMM's dense GEMM and its grouped MoE
+DEEPGEMM_MOE = next(e.kernel for e in registry.HOPPER_MOE if e.kernel.name == "deepgemm_moe")
 
 
 def cache_entries() -> int:
@@ -38,20 +40,21 @@ def main():
     args = ap.parse_args()
     compiler = "NVRTC" if os.environ.get("DG_JIT_USE_NVRTC", "0") != "0" else "nvcc"
     lines = [f"GPU: {torch.cuda.get_device_name()}; DeepGEMM compiling with {compiler}; {args.label}; batches of "
-             f"{deepgemm_sm90.DENSE_MIN_TOKENS}..{args.max_m} tokens", "",
+             f"{MIN_TOKENS}..{args.max_m} tokens", "",
              "| layer | batches run | kernels compiled | seconds |", "|---|---|---|---|"]
     for name, (k, n, _) in SHAPES.items():
-        q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
-        scales = BlockScaleConverter(1, n, k, 128, q.device, name)
-        scales.refresh(q, s)
+        layer, _ = linear(registry.FLASHINFER_SM90, n, k)
         before, start = cache_entries(), time.perf_counter()
-        runs = deepgemm_sm90.precompile(q, scales.block_scale[0], deepgemm_sm90.DENSE_MIN_TOKENS, args.max_m)
+        runs = registry.DEEPGEMM.precompile(layer, layer.mxfp8_state, MIN_TOKENS, args.max_m)
         lines.append(f"| {name} | {runs} | {cache_entries() - before} | {time.perf_counter() - start:.1f} |")
         print(lines[-1], flush=True)
     _, _, q13, q2, c13, c2, _ = experts(I, torch.Generator(device="cuda").manual_seed(0))
+    moe = torch.nn.Module()
+    moe.w13_weight, moe.w2_weight, moe.top_k, moe.mxfp8_state = q13, q2, TOPK, LayerState()
+    moe.mxfp8_state.w13, moe.mxfp8_state.w2 = c13, c2
+    DEEPGEMM_MOE.create_buffers(moe, MoESpec("bench", E, H, I), moe.mxfp8_state)
     before, start = cache_entries(), time.perf_counter()
-    runs = DeepGemmGroupedMoE(E, H, I).precompile(q13, q2, c13.block_scale, c2.block_scale, TOPK,
-                                                  DEEPGEMM_PREFILL_MIN_TOKENS, args.max_m)
+    runs = DEEPGEMM_MOE.precompile(moe, moe.mxfp8_state, MIN_TOKENS, args.max_m)
     lines.append(f"| qwen3-30b-a3b MoE (E={E}, H={H}, I={I}, top-{TOPK}) | {runs} | {cache_entries() - before} "
                  f"| {time.perf_counter() - start:.1f} |")
     print(lines[-1], flush=True)

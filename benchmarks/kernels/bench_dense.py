@@ -20,15 +20,16 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from sglang_mxfp8.cublas_sm90 import blockscale_gemm, shape_supported
-from sglang_mxfp8.deepgemm_sm90 import dense_gemm
-from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.resolver import Choice
-from sglang_mxfp8.triton_hopper import w8a16_gemm, w8a16_gemv
+from sglang_mxfp8.kernels.base import LinearSpec
+from sglang_mxfp8.kernels.registry import CUBLAS as CUBLAS_KERNEL
+from sglang_mxfp8.kernels.registry import FLASHINFER_SM90, TRITON_W8A8
+from sglang_mxfp8.ops.cublas_sm90 import blockscale_gemm
+from sglang_mxfp8.ops.deepgemm_sm90 import dense_gemm
+from sglang_mxfp8.ops.triton_sm90 import w8a16_gemm, w8a16_gemv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_timer import graph_us  # noqa: E402
+from hopper_layers import block_scale, linear  # noqa: E402
 from plot_speedup import plot_beside  # noqa: E402
 
 SHAPES = {  # name: (K, N, the dimension tensor parallelism splits: N for column-, K for row-parallel layers)
@@ -50,42 +51,21 @@ def graph_copies(n: int, k: int) -> int:
     return min(64, max(1, math.ceil(WORKING_SET / (n * k))))
 
 
-class Layer(torch.nn.Module):
-    pass
-
-
-def make(cls, n, k):
-    q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
-    layer = Layer()
-    layer.weight = torch.nn.Parameter(q, requires_grad=False)
-    be = cls(Choice(cls.kernel, "bench"), "bench")
-    be.create_buffers(layer, n, k)
-    be.gemv = False  # the backend's own kernel at M = 1 too; the one-token GEMV has its own column
-    if cls is HopperTritonDense:
-        be.weight_only_max_m = 0  # its W8A8 kernel at every M; the weight-only kernel has its own column
-    else:
-        be.prefill_min_m = 0  # FlashInfer's GEMM at every M; cuBLAS's and DeepGEMM's GEMMs have columns of their own
-    be.process_weights_after_loading(layer, s)
-    return layer, be
-
-
 def variants(n, k, flashinfer: bool, copies: int, deepgemm: bool = False):
     """{label: [one callable per weight copy]}: BF16 first (the baseline), then the MXFP8 paths."""
     w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     out = {"BF16 cuBLAS": [lambda x, w=w: torch.nn.functional.linear(x, w) for w in w16]}
-    tri = [make(HopperTritonDense, n, k) for _ in range(copies)]
-    out[HopperTritonDense.kernel] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in tri]
-    out[WEIGHT_ONLY] = [lambda x, lb=lb: w8a16_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0]) for lb in tri]
-    out[GEMV] = [lambda x, lb=lb: w8a16_gemv(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0]) for lb in tri]
+    tri = [linear(TRITON_W8A8, n, k) for _ in range(copies)]
+    out[TRITON_W8A8.name] = [run for _, run in tri]
+    out[WEIGHT_ONLY] = [lambda x, layer=layer: w8a16_gemm(x, layer.weight, block_scale(layer)) for layer, _ in tri]
+    out[GEMV] = [lambda x, layer=layer: w8a16_gemv(x, layer.weight, block_scale(layer)) for layer, _ in tri]
     if flashinfer:
-        fi = [make(HopperFlashInferDense, n, k) for _ in range(copies)]
-        out[HopperFlashInferDense.kernel] = [lambda x, lb=lb: lb[1].apply(lb[0], x) for lb in fi]
-        if shape_supported(n, k):  # the same operands (128x128 weight scales) on cuBLAS, our quantizer in front
-            out[CUBLAS] = [lambda x, lb=lb: blockscale_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0])
-                           for lb in fi]
+        fi = [linear(FLASHINFER_SM90, n, k) for _ in range(copies)]
+        out[FLASHINFER_SM90.name] = [run for _, run in fi]
+        if CUBLAS_KERNEL.can_implement(LinearSpec("bench", n, k))[0]:  # the same operands (128x128 scales) on cuBLAS
+            out[CUBLAS] = [lambda x, layer=layer: blockscale_gemm(x, layer.weight, block_scale(layer)) for layer, _ in fi]
         if deepgemm:
-            out[DEEPGEMM] = [lambda x, lb=lb: dense_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0])
-                             for lb in fi]
+            out[DEEPGEMM] = [lambda x, layer=layer: dense_gemm(x, layer.weight, block_scale(layer)) for layer, _ in fi]
     return out
 
 

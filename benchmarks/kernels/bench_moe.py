@@ -28,10 +28,10 @@ from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_expe
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from triton.testing import do_bench
 
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.moe_hopper import CutlassGroupedMoE
-from sglang_mxfp8.refit import BlockScaleConverter
-from sglang_mxfp8.triton_hopper import moe_gemv, moe_w8a16
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
+from sglang_mxfp8.format.refit import BlockScaleConverter
+from sglang_mxfp8.ops.triton_sm90 import moe_gemv, moe_w8a16
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_timer import graph_us  # noqa: E402

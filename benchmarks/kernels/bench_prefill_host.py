@@ -19,12 +19,14 @@ from pathlib import Path
 import torch
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from sglang_mxfp8.dense import HopperFlashInferDense, dense_prefill_choice
-from sglang_mxfp8.deepgemm_sm90 import load_or_why
-from sglang_mxfp8.moe_hopper import CutlassGroupedMoE, DeepGemmGroupedMoE
+from sglang_mxfp8.kernels import registry
+from sglang_mxfp8.kernels.base import LinearSpec
+from sglang_mxfp8.platform import deep_gemm_or_why, visible_gpu
+from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
+from sglang_mxfp8.kernels.moe.deepgemm import DeepGemmGroupedMoE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_dense import make  # noqa: E402
+from hopper_layers import linear  # noqa: E402
 from bench_moe import E, H, I, experts, outplace_fused_experts, routing, triton_block_fp8  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 
@@ -76,7 +78,7 @@ def main():
     ap.add_argument("--ms", type=int, nargs="+", default=[1024, 2048, 8192], help="prefill batch sizes (tokens)")
     args = ap.parse_args()
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
-    deep_gemm, why = load_or_why()
+    deep_gemm, why = deep_gemm_or_why()
     gen = torch.Generator(device="cuda").manual_seed(0)
     lines = [f"GPU: {torch.cuda.get_device_name()}; deep_gemm: {deep_gemm.__version__ if deep_gemm else why}; "
              f"us per call: GPU time in a CUDA graph, wall time of {CALLS} eager calls back to back, the host's time to "
@@ -91,13 +93,13 @@ def main():
     with torch.inference_mode():
         for name, n, k in (("qkv 2048->5120", 5120, 2048), ("o 4096->2048", 2048, 4096)):
             w16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
-            layer, served = make(HopperFlashInferDense, n, k)
-            served.prefill_kernel, served.prefill_min_m, _ = dense_prefill_choice(n, k, torch.bfloat16)  # as served
+            layer, _ = linear(registry.FLASHINFER_SM90, n, k)
+            plan = registry.select_linear(LinearSpec(name, n, k), visible_gpu(), "flashinfer_trtllm")  # as served
             for m in args.ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
                 emit(row(f"{name} BF16 cuBLAS", m, lambda: torch.nn.functional.linear(x, w16)))
-                emit(row(f"{name} FlashInfer backend apply ({served.prefill_kernel} from {served.prefill_min_m})", m,
-                         lambda: served.apply(layer, x)))
+                emit(row(f"{name} plan apply ({plan.kernel_for(m).name})", m,
+                         lambda: plan.apply(layer, layer.mxfp8_state, x, None)))
         w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
         s13, s2 = c13.block_scale, c2.block_scale
         cutlass = CutlassGroupedMoE(E, H, I, "cuda")

@@ -27,15 +27,16 @@ from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_expe
 from sglang.srt.layers.quantization.fp8_kernel import sglang_per_token_quant_fp8
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from sglang_mxfp8.cublas_sm90 import blockscale_gemm
-from sglang_mxfp8.dense import HopperFlashInferDense
-from sglang_mxfp8.moe_hopper import CutlassGroupedMoE
-from sglang_mxfp8.numerics import convert_to_row_scales, dequantize_block_fp8, quantize_mxfp8
+from sglang_mxfp8.ops.cublas_sm90 import blockscale_gemm
+from sglang_mxfp8.kernels.registry import FLASHINFER_SM90
+from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
+from sglang_mxfp8.format.numerics import convert_to_row_scales, dequantize_block_fp8, quantize_mxfp8
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_dense import SHAPES, graph_copies, make  # noqa: E402
+from bench_dense import SHAPES, graph_copies  # noqa: E402
 from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
+from hopper_layers import block_scale, linear  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from plot_speedup import plot_beside  # noqa: E402
@@ -114,27 +115,27 @@ def dense_table() -> list:
     for name, (k, n, _) in SHAPES.items():
         copies = graph_copies(n, k)
         w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        block = [make(HopperFlashInferDense, n, k) for _ in range(copies)]
+        block = [linear(FLASHINFER_SM90, n, k) for _ in range(copies)]
         rows = [row_scaled(*quantize_mxfp8(w[None].float()))
                 for w in w16]  # per-row copies of the BF16 weights (the block copies are their own draws)
         for m in DENSE_MS:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             t16 = graph_us([lambda w=w: torch.nn.functional.linear(x, w) for w in w16])
             cells = []
-            for calls in ([lambda lb=lb: lb[1].apply(lb[0], x) for lb in block],
-                          [lambda lb=lb: blockscale_gemm(x, lb[0].weight, lb[0].mxfp8_converter.block_scale[0]) for lb in block],
+            for calls in ([lambda run=run: run(x) for _, run in block],
+                          [lambda lb=lb: blockscale_gemm(x, lb[0].weight, block_scale(lb[0])) for lb in block],
                           [lambda r=r: rowwise_linear(x, r[0][0], r[1][0]) for r in rows]):
                 try:
                     t = graph_us(calls)
                     cells.append(f"{t:.1f} ({t16 / t:.2f}x)")
                 except Exception as e:  # noqa: BLE001 - a refused layout: say so in the table
                     cells.append(f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
-            layer, be = block[0]
-            ref_block = x.float() @ dequantize_block_fp8(layer.weight, layer.mxfp8_converter.block_scale[0], 128).t()
+            layer, run_block = block[0]
+            ref_block = x.float() @ dequantize_block_fp8(layer.weight, block_scale(layer), 128).t()
             q, s_row = rows[0][0][0], rows[0][1][0]
             ref_row = x.float() @ (q.float() * s_row[:, None]).t()
             errs = []
-            for run, ref in ((lambda: be.apply(layer, x), ref_block), (lambda: rowwise_linear(x, q, s_row), ref_row)):
+            for run, ref in ((lambda: run_block(x), ref_block), (lambda: rowwise_linear(x, q, s_row), ref_row)):
                 try:
                     errs.append(f"{((run().float() - ref).norm() / ref.norm()).item():.4f}")
                 except Exception:  # noqa: BLE001 - its failure is in the time column

@@ -12,9 +12,9 @@ import tempfile
 
 GEMM = """
 import torch
-from sglang_mxfp8.deepgemm_sm90 import dense_gemm
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.refit import BlockScaleConverter
+from sglang_mxfp8.ops.deepgemm_sm90 import dense_gemm
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.format.refit import BlockScaleConverter
 q, s = quantize_mxfp8(torch.randn(2048, 4096, device="cuda") * 0.02)
 c = BlockScaleConverter(1, 2048, 4096, 128, q.device, "probe"); c.refresh(q, s)
 out = dense_gemm(torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16), q, c.block_scale[0])

@@ -18,8 +18,8 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from sglang_mxfp8 import triton_hopper as th
-from sglang_mxfp8.numerics import convert_to_block_scales, quantize_mxfp8
+from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.format.numerics import convert_to_block_scales, quantize_mxfp8
 
 from bench_dense import WORKING_SET, graph_copies  # this folder
 from gpu_timer import graph_us

@@ -34,11 +34,11 @@ import requests
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang_mxfp8.convert import convert
-from sglang_mxfp8.numerics import quantize_mxfp8
-from sglang_mxfp8.serving import Server
-from sglang_mxfp8.serving import divergence as first_divergence
-from sglang_mxfp8.tiny_model import write_qwen3_moe
+from sglang_mxfp8.format.convert import convert
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.cli.serving import Server
+from sglang_mxfp8.cli.serving import divergence as first_divergence
+from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
 
 FLAGS = "--fp8-gemm-backend triton --moe-runner-backend triton"
 # one request (8 sequences) per batch and no prefix reuse: every batch as the references' (see refit_under_load)

@@ -10,9 +10,13 @@ pytestmark = pytest.mark.skipif(
     reason="needs a Hopper (SM90) GPU; run bash benchmarks/run_h200.sh on an H100/H200",
 )
 
-from sglang_mxfp8.dense import HopperFlashInferDense, HopperTritonDense  # noqa: E402
-from sglang_mxfp8.numerics import dequantize_block_fp8, quantize_mxfp8  # noqa: E402
-from sglang_mxfp8.resolver import Choice  # noqa: E402
+from sglang_mxfp8 import platform  # noqa: E402
+from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_mxfp8  # noqa: E402
+from sglang_mxfp8.kernels import registry  # noqa: E402
+from sglang_mxfp8.kernels.base import Entry, LayerState, LinearSpec, MoESpec, Plan  # noqa: E402
+from sglang_mxfp8.settings import Settings  # noqa: E402
+
+TRITON, FLASHINFER = registry.TRITON_W8A8, registry.FLASHINFER_SM90  # the two Hopper dense layouts' base kernels
 
 SHAPES = [(5120, 2048), (2048, 4096), (1000, 2080), (200, 352)]  # N not % 128, K % 32 but not % 128
 
@@ -21,15 +25,38 @@ class Layer(torch.nn.Module):
     pass
 
 
-def _layer(backend_cls, n, k, seed=0):
+class Dense:
+    """A layer's registry plan as the linear method runs it: apply() picks the kernel by batch size."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    @property
+    def block_rows(self):
+        return self.plan.base.scale_rows
+
+    def apply(self, layer, x, bias=None):
+        return self.plan.apply(layer, layer.mxfp8_state, x, bias)
+
+    def process_weights_after_loading(self, layer, scale):
+        return self.plan.process_weights_after_loading(layer, layer.mxfp8_state, scale)
+
+
+def _layer(base, n, k, seed=0, disabled=()):
+    """A layer with base's weight layout: the registry's plan for base's flag on this GPU (``disabled``: kernels left
+    out), or base alone where it cannot run the shape (its layout only, for kernels that read it)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     w = torch.randn(n, k, device="cuda", generator=g) * 0.02
     q, s = quantize_mxfp8(w)
     layer = Layer()
     layer.weight = torch.nn.Parameter(q, requires_grad=False)
     layer.weight_scale_inv = torch.nn.Parameter(s, requires_grad=False)
-    be = backend_cls(Choice(backend_cls.kernel, "test"), "test.layer")
-    be.create_buffers(layer, n, k)
+    spec, gpu = LinearSpec("test.layer", n, k), platform.visible_gpu()
+    flag = "triton" if base is TRITON else "flashinfer_trtllm"
+    plan = registry.select_linear(spec, gpu, flag, Settings(disabled_kernels=frozenset(disabled)))
+    be = Dense(plan if plan.base is base else Plan(spec, gpu, flag, (Entry(base),)))
+    layer.mxfp8_state = be.plan.create_buffers(layer)
+    layer.mxfp8_converter = layer.mxfp8_state.converter
     be.process_weights_after_loading(layer, layer.weight_scale_inv)
     return layer, be
 
@@ -44,7 +71,7 @@ def _kernels_launched(fn):
 
 def _reference(layer, be, x):
     """float32 product of the operands the kernel sees: 1x128-quantized activation x converted weight."""
-    from sglang_mxfp8.numerics import quantize_activation_1x128
+    from sglang_mxfp8.format.numerics import quantize_activation_1x128
 
     w = dequantize_block_fp8(layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows)
     qa, sa = quantize_activation_1x128(x)
@@ -52,19 +79,17 @@ def _reference(layer, be, x):
     return a @ w.t()
 
 
-# FlashInfer's fp8_blockscale_gemm_sm90 needs K % 128 == 0 and N % 64 == 0 (the resolver routes the rest to Triton)
-CASES = [(HopperTritonDense, n, k) for n, k in SHAPES] + [(HopperFlashInferDense, n, k) for n, k in SHAPES[:2]]
+# FlashInfer's fp8_blockscale_gemm_sm90 needs K % 128 == 0 and N % 64 == 0 (the registry gives the rest to Triton)
+CASES = [(TRITON, n, k) for n, k in SHAPES] + [(FLASHINFER, n, k) for n, k in SHAPES[:2]]
 
 
 @pytest.mark.parametrize("m", [1, 7, 128, 1000])
 @pytest.mark.parametrize("backend_cls,n,k", CASES)
 def test_backend_matches_reference(m, backend_cls, n, k):
-    if backend_cls is HopperFlashInferDense:
+    if backend_cls is FLASHINFER:
         pytest.importorskip("flashinfer")
-    layer, be = _layer(backend_cls, n, k)
-    be.gemv = False  # the backend's own kernel at one token too; the one-token GEMV is tested below
-    if backend_cls is HopperTritonDense:
-        be.weight_only_max_m = 0  # its W8A8 kernel here; small batches' weight-only product is tested below
+    # the base kernel at one token too: the one-token GEMV and small batches' weight-only product are tested below
+    layer, be = _layer(backend_cls, n, k, disabled=("gemv", "weight_only"))
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     out = be.apply(layer, x).float()
     ref = _reference(layer, be, x)
@@ -78,10 +103,10 @@ def test_cublas_blockscale_matches_reference(m, n, k):
     """cuBLAS's block-scaled GEMM (torch scaled_mm) on the FlashInfer backend's 128x128 scales, our quantizer in
     front (M padded to a multiple of 4): the float32 product of the same operands; a NaN token's row is NaN, the
     others untouched."""
-    from sglang_mxfp8.cublas_sm90 import blockscale_gemm, unavailable_reason
+    from sglang_mxfp8.ops.cublas_sm90 import blockscale_gemm
 
-    assert unavailable_reason(torch.cuda.current_device()) is None
-    layer, be = _layer(HopperFlashInferDense, n, k)
+    assert platform.cublas_blockscale_missing() is None
+    layer, be = _layer(FLASHINFER, n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     if m > 1:
@@ -96,18 +121,17 @@ def test_cublas_blockscale_matches_reference(m, n, k):
 
 
 def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
-    """SGLANG_MXFP8_CUBLAS_PREFILL=1 (over DeepGEMM too): batches of CUBLAS_MIN_TOKENS or more run cuBLAS's GEMM,
-    smaller ones FlashInfer's (each output bit-equal to its kernel called directly; the two differ)."""
+    """DeepGEMM disabled: batches of 1024 tokens or more run cuBLAS's GEMM, smaller ones FlashInfer's (each output
+    bit-equal to its kernel called directly; the two differ)."""
     pytest.importorskip("flashinfer")
     from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
-    from sglang_mxfp8 import dense
-    from sglang_mxfp8.cublas_sm90 import blockscale_gemm
+    from sglang_mxfp8.ops.cublas_sm90 import blockscale_gemm
 
-    monkeypatch.setenv(dense.CUBLAS_PREFILL_ENV, "1")
-    layer, be = _layer(HopperFlashInferDense, 2048, 4096)
+    layer, be = _layer(FLASHINFER, 2048, 4096, disabled=("deepgemm",))
+    assert be.plan.kernel_for(1024) is registry.CUBLAS and be.plan.kernel_for(1023) is FLASHINFER
     scale = layer.mxfp8_converter.block_scale[0]
-    x = torch.randn(dense.CUBLAS_MIN_TOKENS, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
     cublas, small = be.apply(layer, x), be.apply(layer, x[1:])
     assert torch.equal(cublas, blockscale_gemm(x, layer.weight, scale))
     assert torch.equal(small, fp8_blockscale_gemm_sm90(x[1:], layer.weight, None, scale, out_dtype=x.dtype))
@@ -123,14 +147,13 @@ def test_flashinfer_backend_takes_deepgemm_for_prefill_batches(m, n, k, monkeypa
     pytest.importorskip("flashinfer")
     from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
-    from sglang_mxfp8 import deepgemm_sm90
+    from sglang_mxfp8.ops import deepgemm_sm90
 
-    monkeypatch.delenv(deepgemm_sm90.DENSE_ENV, raising=False)
-    why = deepgemm_sm90.dense_unavailable(n, k, torch.bfloat16)
+    why = platform.deep_gemm_missing("fp8_gemm_nt")
     if why:
         pytest.skip(why)
-    layer, be = _layer(HopperFlashInferDense, n, k)
-    assert (be.prefill_kernel, be.prefill_min_m) == ("deepgemm", 1024)
+    layer, be = _layer(FLASHINFER, n, k)
+    assert be.plan.kernel_for(1024) is registry.DEEPGEMM and be.plan.kernel_for(1023) is FLASHINFER
     scale = layer.mxfp8_converter.block_scale[0]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -148,19 +171,19 @@ def test_flashinfer_backend_takes_deepgemm_for_prefill_batches(m, n, k, monkeypa
 
 def test_deepgemm_precompile_runs_once_per_shape():
     """At load: one GEMM per 64-row bucket of the prefill range, once per layer shape in the process."""
-    from sglang_mxfp8 import deepgemm_sm90
+    from sglang_mxfp8.ops import deepgemm_sm90
 
-    why = deepgemm_sm90.dense_unavailable(2048, 4096, torch.bfloat16)
+    why = platform.deep_gemm_missing("fp8_gemm_nt")
     if why:
         pytest.skip(why)
-    layer, be = _layer(HopperFlashInferDense, 2048, 4096)
-    scale = layer.mxfp8_converter.block_scale[0]
-    assert deepgemm_sm90.precompile(layer.weight, scale, 1024, 2000) == len(deepgemm_sm90.precompile_ms(1024, 2000)) == 17
-    assert deepgemm_sm90.precompile(layer.weight, scale, 1024, 2000) is None
+    layer, be = _layer(FLASHINFER, 2048, 4096)
+    run = registry.DEEPGEMM.precompile
+    assert run(layer, layer.mxfp8_state, 1024, 2000) == len(deepgemm_sm90.precompile_ms(1024, 2000)) == 17
+    assert run(layer, layer.mxfp8_state, 1024, 2000) is None
 
 
 def test_triton_bias_and_cuda_graph_replay_equal_eager():
-    layer, be = _layer(HopperTritonDense, 1000, 2080)
+    layer, be = _layer(TRITON, 1000, 2080)
     bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(16, 2080, device="cuda", dtype=torch.bfloat16)
     eager = be.apply(layer, x, bias)
@@ -188,11 +211,11 @@ def test_triton_bias_and_cuda_graph_replay_equal_eager():
 
 
 @pytest.mark.parametrize("m", [1, 7, 16, 64])
-@pytest.mark.parametrize("backend_cls,n,k", [(HopperTritonDense, n, k) for n, k in SHAPES]
-                         + [(HopperFlashInferDense, n, k) for n, k in SHAPES])
+@pytest.mark.parametrize("backend_cls,n,k", [(TRITON, n, k) for n, k in SHAPES]
+                         + [(FLASHINFER, n, k) for n, k in SHAPES])
 def test_weight_only_gemm_matches_reference(m, backend_cls, n, k):
     """Weight-only FP8 on either backend's converted scales: BF16 activation as given, no quantization."""
-    from sglang_mxfp8.triton_hopper import w8a16_gemm
+    from sglang_mxfp8.ops.triton_sm90 import w8a16_gemm
 
     layer, be = _layer(backend_cls, n, k)  # FlashInfer's 128x128 layout is only converted, not run, here
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -209,27 +232,26 @@ def test_weight_only_gemm_matches_reference(m, backend_cls, n, k):
 
 
 def test_apply_serves_small_batches_weight_only():
-    """The Triton backend's apply() runs the weight-only kernel up to weight_only_max_m tokens, W8A8 above."""
-    from sglang_mxfp8.triton_hopper import w8a16_gemm
+    """The Triton plan's apply() runs the weight-only kernel up to 16 tokens, W8A8 above."""
+    from sglang_mxfp8.ops.triton_sm90 import w8a16_gemm
 
-    layer, be = _layer(HopperTritonDense, 2048, 4096)
-    be.gemv = False  # one token would take the GEMV on this shape (tested below)
-    limit = be.weight_only_max_m
-    assert limit >= 1
+    layer, be = _layer(TRITON, 2048, 4096, disabled=("gemv",))  # one token would take the GEMV (tested below)
+    w8a8_only = Dense(registry.select_linear(be.plan.spec, be.plan.gpu, "triton",
+                                             Settings(disabled_kernels=frozenset({"gemv", "weight_only"}))))
+    limit = 16
+    assert be.plan.kernel_for(limit) is registry.WEIGHT_ONLY and be.plan.kernel_for(limit + 1) is TRITON
     for m in (1, limit, limit + 1):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         got = be.apply(layer, x)
         weight_only = w8a16_gemm(x, layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows)
-        be.weight_only_max_m = 0
-        w8a8 = be.apply(layer, x)
-        be.weight_only_max_m = limit
+        w8a8 = w8a8_only.apply(layer, x)
         assert torch.equal(got, weight_only if m <= limit else w8a8), m
         assert not torch.equal(weight_only, w8a8)  # the two paths are distinguishable
 
 
 def _moe_case(m, seed, e_count=16, h=512, inter=256, top_k=4):
     """Random MXFP8 experts converted as the Hopper MoE path converts them, activations and routing."""
-    from sglang_mxfp8.refit import BlockScaleConverter
+    from sglang_mxfp8.format.refit import BlockScaleConverter
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h, device="cuda", generator=g) * 0.05)
@@ -246,7 +268,7 @@ def _moe_case(m, seed, e_count=16, h=512, inter=256, top_k=4):
 def _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations: bool):
     """float32 SiLU-gated MoE on the converted weights, intermediates rounded to bf16 as the kernels store them;
     fp8_activations: both GEMM inputs 1x128-quantized first."""
-    from sglang_mxfp8.numerics import quantize_activation_1x128
+    from sglang_mxfp8.format.numerics import quantize_activation_1x128
 
     def operand(a):
         if not fp8_activations:
@@ -269,7 +291,7 @@ def _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations: bool):
 @pytest.mark.parametrize("m", [1, 4, 16, 64])
 def test_weight_only_moe_matches_reference(m):
     """Weight-only FP8 MoE (SGLang's token alignment, sgl_kernel's SiLU-and-mul) vs float32 on the same weights."""
-    from sglang_mxfp8.triton_hopper import moe_w8a16
+    from sglang_mxfp8.ops.triton_sm90 import moe_w8a16
 
     x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m)
     out = moe_w8a16(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids).float()
@@ -278,12 +300,12 @@ def test_weight_only_moe_matches_reference(m):
     assert torch.isfinite(out).all() and rel < 1e-2, rel  # bf16 intermediates and output
 
 
-@pytest.mark.parametrize("backend_cls,n,k", [(HopperTritonDense, n, k) for n, k in SHAPES]
-                         + [(HopperFlashInferDense, n, k) for n, k in SHAPES]
-                         + [(HopperTritonDense, 14336, 4096), (HopperFlashInferDense, 4096, 14336)])  # Llama-3-8B MLP
+@pytest.mark.parametrize("backend_cls,n,k", [(TRITON, n, k) for n, k in SHAPES]
+                         + [(FLASHINFER, n, k) for n, k in SHAPES]
+                         + [(TRITON, 14336, 4096), (FLASHINFER, 4096, 14336)])  # Llama-3-8B MLP
 def test_gemv_matches_reference_and_replays_in_cuda_graph(backend_cls, n, k):
     """One-token weight-streaming GEMV on either backend's converted scales vs float32; a CUDA graph replays it."""
-    from sglang_mxfp8.triton_hopper import w8a16_gemv
+    from sglang_mxfp8.ops.triton_sm90 import w8a16_gemv
 
     layer, be = _layer(backend_cls, n, k)
     scale = layer.mxfp8_converter.block_scale[0]
@@ -303,7 +325,7 @@ def test_gemv_matches_reference_and_replays_in_cuda_graph(backend_cls, n, k):
 
 def test_moe_gemv_matches_reference():
     """One token's MoE in two launches (SiLU-and-mul, routing weights and the expert sum fused) vs float32."""
-    from sglang_mxfp8.triton_hopper import moe_gemv
+    from sglang_mxfp8.ops.triton_sm90 import moe_gemv
 
     for seed in range(3):
         x, w13, c13, w2, c2, tw, ids = _moe_case(1, seed=seed)
@@ -317,7 +339,7 @@ def test_moe_gemv_matches_reference():
 def test_cutlass_grouped_moe_matches_reference(m):
     """The prefill MoE (SGLang's CUTLASS grouped block-FP8 MoE on our converted weights) vs float32 with
     1x128 FP8 activations; a NaN in one token leaves every other token's output as it was."""
-    from sglang_mxfp8.moe_hopper import CutlassGroupedMoE
+    from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
 
     x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m)
     run = CutlassGroupedMoE(w13.shape[0], x.shape[1], w2.shape[2], "cuda")
@@ -336,9 +358,9 @@ def test_cutlass_grouped_moe_matches_reference(m):
 def test_deepgemm_grouped_moe_matches_reference(m):
     """The prefill MoE on DeepGEMM's grouped GEMM (psum layout) with our glue vs float32 with 1x128 FP8
     activations; a NaN in one token makes that token's output NaN and leaves every other token's as it was."""
-    from sglang_mxfp8.moe_hopper import DeepGemmGroupedMoE, deepgemm_unavailable
+    from sglang_mxfp8.kernels.moe.deepgemm import DeepGemmGroupedMoE
 
-    why = deepgemm_unavailable()
+    why = _deepgemm_moe_missing()
     if why:
         pytest.skip(why)
     x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m)
@@ -357,7 +379,7 @@ def test_moe_segments_match_torch_and_silu_skips_only_padding(m, skewed):
     """The grouped MoE's segments (one Triton launch of 1-64 programs) against torch's count / pad / cumsum on 128
     experts, top-8 (skewed: every other token routed to expert 5), twenty times over; SiLU-and-mul on the slot rows
     alone equals, row for row and bit for bit, the same kernel run over every padded row."""
-    from sglang_mxfp8.triton_hopper import moe_segments, silu_mul_quant
+    from sglang_mxfp8.ops.triton_sm90 import moe_segments, silu_mul_quant
 
     g = torch.Generator(device="cuda").manual_seed(m)
     scores = torch.rand(m, 128, device="cuda", generator=g)
@@ -380,76 +402,97 @@ def test_moe_segments_match_torch_and_silu_skips_only_padding(m, skewed):
     assert torch.equal(s[slot_rows], s_all[slot_rows])
 
 
+def _moe_kernel(name):
+    return next(e.kernel for e in registry.HOPPER_MOE if e.kernel.name == name)
+
+
+def _deepgemm_moe_missing():
+    return _moe_kernel("deepgemm_moe").missing(platform.visible_gpu())
+
+
+def _moe_layer(w13, c13, w2, c2, top_k, plan_entries):
+    """A MoE layer with the converted weights and a plan of ``plan_entries`` (its band kernels' objects built)."""
+    e_count, h, inter = w13.shape[0], w13.shape[2], w2.shape[2]
+    layer = torch.nn.Module()
+    layer.w13_weight, layer.w2_weight, layer.top_k, layer.moe_ep_size = w13, w2, top_k, 1
+    spec = MoESpec("test.experts", e_count, h, inter)
+    plan = Plan(spec, platform.visible_gpu(), "auto", tuple(plan_entries))
+    layer.mxfp8_state = state = LayerState()
+    state.w13, state.w2 = c13, c2
+    for e in plan.entries[:-1]:
+        e.kernel.create_buffers(layer, spec, state)
+    return layer, plan
+
+
 def test_deepgemm_moe_precompile_runs_once_per_shape():
     """At load: the DeepGEMM MoE layer once per tile config of the prefill range, once per layer shape."""
-    from sglang_mxfp8.moe_hopper import DeepGemmGroupedMoE, deepgemm_moe_precompile_ms, deepgemm_unavailable
+    from sglang_mxfp8.ops.deepgemm_sm90 import grouped_precompile_ms
 
-    if deepgemm_unavailable():
-        pytest.skip(deepgemm_unavailable())
+    if _deepgemm_moe_missing():
+        pytest.skip(_deepgemm_moe_missing())
     _, w13, c13, w2, c2, _, _ = _moe_case(1, seed=3)
-    run = DeepGemmGroupedMoE(w13.shape[0], w13.shape[2], w2.shape[2])
-    expected = len(deepgemm_moe_precompile_ms(1024, 4096, 4, w13.shape[0]))
-    assert run.precompile(w13, w2, c13.block_scale, c2.block_scale, 4, 1024, 4096) == expected > 1
-    assert run.precompile(w13, w2, c13.block_scale, c2.block_scale, 4, 1024, 4096) is None
+    kernel = _moe_kernel("deepgemm_moe")
+    layer, plan = _moe_layer(w13, c13, w2, c2, 4, [Entry(kernel, 1024), Entry(registry.TRITON_MOE)])
+    expected = len(grouped_precompile_ms(1024, 4096, 4, w13.shape[0]))
+    assert kernel.precompile(layer, layer.mxfp8_state, 1024, 4096) == expected > 1
+    assert kernel.precompile(layer, layer.mxfp8_state, 1024, 4096) is None
 
 
-@pytest.mark.parametrize("deepgemm_why", [None, "not installed"])
-def test_create_weights_builds_the_chosen_prefill_moe(deepgemm_why, monkeypatch):
-    """The real MoE method's create_weights: its prefill kernel and batch threshold are what prefill_moe_choice
-    says, with DeepGEMM importable (as the run script sets it up) and without (its check set to say so)."""
+@pytest.mark.parametrize("deep_gemm", [True, False])
+def test_create_weights_builds_the_planned_prefill_moe(deep_gemm, monkeypatch):
+    """The real MoE method's create_weights: the plan takes DeepGEMM from 1024 tokens where it imports (as the run
+    script sets it up), else the CUTLASS grouped MoE from 2048, and the layer's state holds that kernel's object."""
     import sglang.srt.layers.quantization.fp8  # noqa: F401 - SGLang's module first: its patch imports quant_methods
 
-    from sglang_mxfp8 import moe_hopper
-    from sglang_mxfp8 import quant_methods as qm
+    from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
+    from sglang_mxfp8.kernels.moe.deepgemm import DeepGemmGroupedMoE
+    from sglang_mxfp8.sglang import quant_methods as qm
 
-    if deepgemm_why is None and moe_hopper.deepgemm_unavailable():
-        pytest.skip(moe_hopper.deepgemm_unavailable())
-    if deepgemm_why:
-        monkeypatch.setattr(moe_hopper, "deepgemm_unavailable", lambda: deepgemm_why)
-    monkeypatch.delenv(moe_hopper.CUTLASS_PREFILL_ENV, raising=False)
+    if deep_gemm and _deepgemm_moe_missing():
+        pytest.skip(_deepgemm_moe_missing())
+    if not deep_gemm:
+        monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": "not installed (test)")
     # a one-GPU server's tensor-parallel size, which SGLang's create_weights reads from its process group
     monkeypatch.setattr(sglang.srt.layers.quantization.fp8, "get_tensor_model_parallel_world_size", lambda: 1)
     method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
                                                           "weight_block_size": [1, 32]}), "model.layers.0.mlp.experts")
     layer = torch.nn.Module()
     method.create_weights(layer, 4, 256, 128, torch.bfloat16)
-    if deepgemm_why is None:
-        assert isinstance(layer.mxfp8_prefill, moe_hopper.DeepGemmGroupedMoE) and method.prefill_min_tokens == 1024
+    if deep_gemm:
+        assert method.plan.bands() == {"1024+ tokens": "deepgemm_moe", "other batches": "triton_moe"}
+        assert isinstance(layer.mxfp8_state.deepgemm, DeepGemmGroupedMoE)
     else:
-        assert isinstance(layer.mxfp8_prefill, moe_hopper.CutlassGroupedMoE) and method.prefill_min_tokens == 2048
+        assert method.plan.bands() == {"2048+ tokens": "cutlass_moe", "other batches": "triton_moe"}
+        assert isinstance(layer.mxfp8_state.cutlass, CutlassGroupedMoE)
 
 
 @pytest.mark.parametrize("kind", ["cutlass", "deepgemm"])
 def test_moe_apply_runs_prefill_batches_on_the_prefill_moe(kind):
-    """Mxfp8MoEMethod.apply: batches of prefill_min_tokens or more take the prefill MoE (CUTLASS grouped or
+    """Mxfp8MoEMethod.apply: batches in the plan's prefill band take the prefill MoE (CUTLASS grouped or
     DeepGEMM), smaller ones SGLang's Triton fused MoE; both are within FP8 accuracy of the float32 layer."""
     from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
     from sglang.srt.layers.moe.topk import StandardTopKOutput
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    from sglang_mxfp8 import moe_hopper
-    from sglang_mxfp8 import quant_methods as qm
-    from sglang_mxfp8.resolver import HOPPER_TRITON_MOE
+    from sglang_mxfp8.sglang import quant_methods as qm
 
-    if kind == "deepgemm" and moe_hopper.deepgemm_unavailable():
-        pytest.skip(moe_hopper.deepgemm_unavailable())
+    if kind == "deepgemm" and _deepgemm_moe_missing():
+        pytest.skip(_deepgemm_moe_missing())
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
     x, w13, c13, w2, c2, tw, ids = _moe_case(2048, seed=1)
     e_count, h, inter = w13.shape[0], x.shape[1], w2.shape[2]
-    layer = torch.nn.Module()
-    layer.w13_weight, layer.w2_weight, layer.mxfp8_w13, layer.mxfp8_w2 = w13, w2, c13, c2
-    layer.mxfp8_prefill, layer.moe_ep_size = (
-        moe_hopper.CutlassGroupedMoE(e_count, h, inter, "cuda") if kind == "cutlass" else
-        moe_hopper.DeepGemmGroupedMoE(e_count, h, inter)), 1
-    limit = moe_hopper.CUTLASS_PREFILL_MIN_TOKENS if kind == "cutlass" else moe_hopper.DEEPGEMM_PREFILL_MIN_TOKENS
+    kernel, limit = (_moe_kernel("cutlass_moe"), 2048) if kind == "cutlass" else (_moe_kernel("deepgemm_moe"), 1024)
+    layer, plan = _moe_layer(w13, c13, w2, c2, ids.shape[1], [Entry(kernel, limit), Entry(registry.TRITON_MOE)])
     method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
                                                           "weight_block_size": [1, 32]}), "test.experts")
-    method.choice, method.prefill_min_tokens = Choice(HOPPER_TRITON_MOE, "test"), limit
+    method.plan = plan
     method.create_moe_runner(layer, MoeRunnerConfig(num_experts=e_count, num_local_experts=e_count, hidden_size=h,
                                                     intermediate_size_per_partition=inter, top_k=ids.shape[1],
                                                     params_dtype=torch.bfloat16, inplace=False))
-    assert method.prefill_min_tokens == limit <= 2048  # create_moe_runner kept it
+    assert method.plan is plan  # create_moe_runner kept it
+    triton_only = Plan(plan.spec, plan.gpu, "auto", (Entry(registry.TRITON_MOE),))
+    state = layer.mxfp8_state
 
     def apply(rows):
         topk = StandardTopKOutput(tw[:rows], ids[:rows], None)
@@ -457,10 +500,10 @@ def test_moe_apply_runs_prefill_batches_on_the_prefill_moe(kind):
 
     for rows in (limit - 1, limit):
         got = apply(rows)
-        prefill = layer.mxfp8_prefill(x[:rows], tw[:rows], ids[:rows], w13, w2, c13.block_scale, c2.block_scale).float()
-        method.prefill_min_tokens = 0
+        prefill = kernel.experts(layer, state, x[:rows], tw[:rows], ids[:rows]).float()
+        method.plan = triton_only
         triton = apply(rows)
-        method.prefill_min_tokens = limit
+        method.plan = plan
         assert torch.equal(got, prefill if rows >= limit else triton), rows
         assert not torch.equal(prefill, triton)  # the two paths are distinguishable
         ref = _moe_reference(x[:rows], w13, c13, w2, c2, tw[:rows], ids[:rows], fp8_activations=True)
@@ -472,13 +515,17 @@ def test_moe_apply_runs_prefill_batches_on_the_prefill_moe(kind):
 PRECOMPILE = r"""
 import os, random, sys, torch
 from flashinfer.gemm import fp8_blockscale_gemm_sm90
-from sglang_mxfp8 import flashinfer_sm90 as fs
-from sglang_mxfp8.numerics import convert_to_block_scales, quantize_mxfp8
+from types import SimpleNamespace
+from sglang_mxfp8.ops import flashinfer_sm90 as fs
+from sglang_mxfp8.format.numerics import convert_to_block_scales, quantize_mxfp8
+from sglang_mxfp8.kernels import registry
 n, k, max_m = 2048, 4096, 2048
 q, s = quantize_mxfp8(torch.randn(n, k, device="cuda") * 0.02)
 bs, _ = convert_to_block_scales(q, s, 128)
 cache = os.path.join(os.environ["TRTLLM_DG_CACHE_DIR"], "cache")
-ran = fs.precompile(q, bs, torch.bfloat16, max_m)
+layer = torch.nn.Module()
+layer.weight = torch.nn.Parameter(q, requires_grad=False)
+ran = registry.FLASHINFER_SM90.precompile(layer, SimpleNamespace(converter=SimpleNamespace(block_scale=bs[None])), 1, max_m)
 compiled = set(os.listdir(cache))
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 expected = {fs.jit_kernel_name(n, k, c) for c in fs.configs_up_to(n, k, max_m, sms)}
@@ -513,22 +560,21 @@ def test_moe_apply_runs_one_token_on_the_gemv():
     from sglang.srt.layers.moe.topk import StandardTopKOutput
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    from sglang_mxfp8 import quant_methods as qm
-    from sglang_mxfp8.resolver import HOPPER_TRITON_MOE
-    from sglang_mxfp8.triton_hopper import moe_gemv
+    from sglang_mxfp8.ops.triton_sm90 import moe_gemv
+    from sglang_mxfp8.sglang import quant_methods as qm
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
     x, w13, c13, w2, c2, tw, ids = _moe_case(2, seed=4)
     e_count, h, inter = w13.shape[0], x.shape[1], w2.shape[2]
-    layer = torch.nn.Module()
-    layer.w13_weight, layer.w2_weight, layer.mxfp8_w13, layer.mxfp8_w2, layer.moe_ep_size = w13, w2, c13, c2, 1
+    layer, plan = _moe_layer(w13, c13, w2, c2, ids.shape[1], [Entry(_moe_kernel("moe_gemv"), 1, 1),
+                                                              Entry(registry.TRITON_MOE)])
     method = qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
                                                           "weight_block_size": [1, 32]}), "test.experts")
-    method.choice, method.gemv = Choice(HOPPER_TRITON_MOE, "test"), True
+    method.plan = plan
     method.create_moe_runner(layer, MoeRunnerConfig(num_experts=e_count, num_local_experts=e_count, hidden_size=h,
                                                     intermediate_size_per_partition=inter, top_k=ids.shape[1],
                                                     params_dtype=torch.bfloat16, inplace=False))
-    assert method.gemv
+    assert method.plan is plan
 
     def apply(rows):
         topk = StandardTopKOutput(tw[:rows], ids[:rows], None)
@@ -539,7 +585,7 @@ def test_moe_apply_runs_one_token_on_the_gemv():
     assert "_moe_gemv_down_kernel" in _kernels_launched(lambda: apply(1))
     assert "_moe_gemv_down_kernel" not in _kernels_launched(lambda: apply(2))
     two = apply(2)
-    method.gemv = False
+    method.plan = Plan(plan.spec, plan.gpu, "auto", (Entry(registry.TRITON_MOE),))
     assert "_moe_gemv_down_kernel" not in _kernels_launched(lambda: apply(1))
     assert torch.equal(two, apply(2))  # two tokens: the Triton fused MoE either way
     triton_one = apply(1).float()
@@ -547,16 +593,13 @@ def test_moe_apply_runs_one_token_on_the_gemv():
     assert 0 < rel < 0.1, rel  # FP8 activations on the Triton path only: ~0.03-0.06 (RESULTS)
 
 
-@pytest.mark.parametrize("backend_cls", [HopperTritonDense, HopperFlashInferDense])
+@pytest.mark.parametrize("backend_cls", [TRITON, FLASHINFER])
 def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
-    """On a shape they list (SGLANG_MXFP8_GEMV on) both Hopper dense backends run one token on the GEMV and two
-    on their own kernel."""
-    from sglang_mxfp8.dense import GEMV_ENV
-    from sglang_mxfp8.triton_hopper import w8a16_gemv
+    """On a shape they list, both Hopper dense plans run one token on the GEMV and two on their own kernel."""
+    from sglang_mxfp8.ops.triton_sm90 import w8a16_gemv
 
-    monkeypatch.setenv(GEMV_ENV, "1")
     layer, be = _layer(backend_cls, 5120, 2048)
-    assert be.gemv
+    assert be.plan.kernel_for(1).name == "gemv"
     x = torch.randn(2, 2048, device="cuda", dtype=torch.bfloat16)
     one = be.apply(layer, x[:1])
     assert torch.equal(one, w8a16_gemv(x[:1], layer.weight, layer.mxfp8_converter.block_scale[0], be.block_rows))
@@ -564,7 +607,7 @@ def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
     assert "_w8a16_gemv_kernel" in _kernels_launched(lambda: be.apply(layer, x[:1]))
     assert "_w8a16_gemv_kernel" not in _kernels_launched(lambda: be.apply(layer, x))
     two = be.apply(layer, x)
-    be.gemv = False
+    be = Dense(registry.select_linear(be.plan.spec, be.plan.gpu, be.plan.flag, Settings(disabled_kernels=frozenset({"gemv"}))))
     assert "_w8a16_gemv_kernel" not in _kernels_launched(lambda: be.apply(layer, x[:1]))
     assert torch.equal(two, be.apply(layer, x))
 
@@ -580,14 +623,14 @@ def test_linear_op_traced_for_piecewise_graphs_replays_the_eager_layer(m, monkey
     from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
 
     from conftest import mxfp8_linear, set_server_args
-    from sglang_mxfp8 import deepgemm_sm90, flashinfer_sm90
+    from sglang_mxfp8 import settings
 
-    for env in (flashinfer_sm90.PRECOMPILE_ENV, deepgemm_sm90.PRECOMPILE_ENV):  # the two batch sizes compile on use
-        monkeypatch.setenv(env, "0")
+    monkeypatch.setenv("SGLANG_MXFP8_PRECOMPILE", "0")  # the two batch sizes compile on use
+    settings.current.cache_clear()
     initialize_fp8_gemm_config(set_server_args(fp8_gemm_runner_backend="flashinfer_trtllm"))
     monkeypatch.setattr(fp8, "get_tensor_model_parallel_world_size", lambda: 1)  # one GPU's sizes, no process group
     layer = mxfp8_linear("model.layers.0.self_attn.o_proj", *quantize_mxfp8(torch.randn(2048, 4096, device="cuda") * 0.02))
-    assert type(layer.quant_method.backend) is HopperFlashInferDense and layer.weight.is_cuda
+    assert layer.quant_method.plan.base is FLASHINFER and layer.weight.is_cuda
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
     x[-1, 3] = float("nan")
     eager = layer.quant_method.apply(layer, x)

@@ -1,0 +1,86 @@
+"""``sglang-mxfp8 doctor``: the plan of every layer kind of a checkpoint, as a launch would make it."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Optional
+
+from .. import __version__
+from ..format import checkpoint
+from ..kernels import registry
+from ..platform import GpuSpec
+
+KNOWN_GPUS = {"h100": ("NVIDIA H100", 90), "h200": ("NVIDIA H200", 90), "b200": ("NVIDIA B200", 100),
+              "gb200": ("NVIDIA GB200", 100), "rtx6000": ("NVIDIA RTX PRO 6000", 120)}
+
+
+def _pkg(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def gpu_from_arg(arg: Optional[str]) -> Optional[GpuSpec]:
+    if arg:
+        if arg.lower() not in KNOWN_GPUS:
+            raise SystemExit(f"--gpu {arg}: choose one of {', '.join(KNOWN_GPUS)} (or omit it to use this machine's GPU)")
+        return GpuSpec(*KNOWN_GPUS[arg.lower()])
+    from ..platform import visible_gpu
+
+    return visible_gpu()
+
+
+def startup_hook_status() -> str:
+    """Whether SGLang processes started from this environment will run sglang_mxfp8."""
+    from ..sglang import autoload
+
+    if autoload.disabled():
+        return f"disabled by {autoload.DISABLE_ENV}=1 (SGLang runs as shipped)"
+    if not any(isinstance(f, autoload.SglangImportHook) for f in sys.meta_path):
+        return "NOT active: sglang_mxfp8.pth did not run in this interpreter; reinstall with `pip install -e .`"
+    return "active (sglang_mxfp8.pth patches SGLang in every process it starts)"
+
+
+def doctor(args) -> int:
+    gpu = gpu_from_arg(args.gpu)
+    print(f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')}  flashinfer {_pkg('flashinfer-python')}  torch {_pkg('torch')}")
+    print(f"startup hook: {startup_hook_status()}")
+    print(f"kernels: {', '.join(registry.kernel_names())} (SGLANG_MXFP8_DISABLED_KERNELS=name,... turns any off)")
+    if gpu is None:
+        print("GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)")
+    else:
+        print(f"GPU: {gpu.label}")
+        print(f"  {registry.DENSE_FLAG}: valid {', '.join(registry.flag_choices('linear', gpu)) or 'none'}")
+        print(f"  {registry.MOE_FLAG}: valid {', '.join(registry.flag_choices('moe', gpu)) or 'none'}")
+    if not args.model:
+        return 0
+    ckpt = Path(args.model)
+    if not (ckpt / "config.json").is_file():
+        print(f"{ckpt}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)")
+        return 1
+    fmt = checkpoint.detect_checkpoint(ckpt)
+    if fmt is None:
+        print(f"{ckpt}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8)")
+        return 1
+    flavor = "ModelOpt" if fmt.flavor == checkpoint.MODELOPT else "SGLang/miles"
+    print(f"checkpoint: {ckpt} ({flavor} MXFP8, scales '{fmt.scale_name}', {len(fmt.ignored)} modules kept unquantized)")
+    if gpu is None:  # the checkpoint is checked; which kernel each layer gets depends on the GPU
+        print("  kernels per layer: pass --gpu h200|b200|... to see them")
+        return 0
+    tp, ep = args.tp, args.ep_size
+    if tp % ep:
+        print(f"--ep-size {ep} does not divide --tp {tp}; SGLang's expert parallelism splits the tensor-parallel ranks")
+        return 1
+    if tp > 1:
+        print(f"  at --tp {tp}" + (f" --ep-size {ep}" if ep > 1 else "") + ": kernels chosen on one rank's shard")
+    status = 0
+    for what, plan in registry.plan_checkpoint(ckpt, gpu, args.fp8_gemm_backend, args.moe_runner_backend, tp, ep):
+        if isinstance(plan, str):
+            print(f"  {what}: ERROR {plan}")
+            status = 1
+        else:
+            print(f"  {what}: {plan.explain(with_spec=False)}")
+    return status

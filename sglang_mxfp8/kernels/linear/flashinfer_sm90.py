@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import torch
+
+from ...ops import flashinfer_sm90
+from ... import platform
+from ..base import OK, precompile_batches
+from .hopper_layout import HopperBlockScaleKernel, block_scale
+
+
+class FlashInferSm90(HopperBlockScaleKernel):
+    """FlashInfer ``fp8_blockscale_gemm_sm90``: BF16 input (quantized 1x128 inside), 128x128 weight scales. On
+    FlashInfer 0.6.7.post3 the only input combination of that op measured numerically right on an H200 (per-row
+    weight scales and external FP8 inputs gave 23-39% error)."""
+
+    name = "flashinfer_sm90"
+    title = "FlashInfer fp8_blockscale_gemm_sm90, BF16 in, 128x128 weight scales"
+    scale_rows = 128
+
+    def missing(self, gpu):
+        return platform.flashinfer_missing()
+
+    def can_implement(self, spec):
+        if spec.k % 128 or spec.n % 64:
+            return False, f"needs K % 128 == 0 and N % 64 == 0 (N={spec.n}, K={spec.k})"
+        return OK
+
+    def gemm(self, layer, state, x, bias):
+        from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+        out = fp8_blockscale_gemm_sm90(x, layer.weight, None, block_scale(state), out_dtype=x.dtype)
+        return out if bias is None else out + bias
+
+    def precompile(self, layer, state, min_m, max_m):
+        """Every tile config the op can select for min_m..max_m tokens: it compiles each with NVRTC on first use,
+        in memory only, and a served batch that meets a new one stalls for seconds (ops/flashinfer_sm90.py)."""
+        from flashinfer.gemm import fp8_blockscale_gemm_sm90
+
+        w, dtype = layer.weight, getattr(layer, "orig_dtype", torch.bfloat16)
+        n, k = w.shape
+        num_sms = torch.cuda.get_device_properties(w.device).multi_processor_count
+        ms = sorted(m for m in flashinfer_sm90.configs_up_to(n, k, max_m, num_sms).values() if m >= min_m)
+        return precompile_batches(
+            ("flashinfer_sm90", n, k, dtype, w.device), f"FlashInfer SM90 GEMM [{n} x {k}] tile configs", ms, w.device,
+            lambda rows: torch.zeros(rows, k, dtype=dtype, device=w.device),
+            lambda x, m: fp8_blockscale_gemm_sm90(x[:m], w, None, block_scale(state), out_dtype=dtype))

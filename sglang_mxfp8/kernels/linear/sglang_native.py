@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from ..base import LinearKernel
+
+
+class SglangTritonMxfp8(LinearKernel):
+    """SGLang's own Triton ``tl.dot_scaled`` MXFP8 GEMM (tcgen05 on SM100, native on SM120): SGLang's method runs
+    the layer; this package only picks it."""
+
+    name = "sglang_triton_mxfp8"
+    title = "SGLang's Triton tl.dot_scaled MXFP8 kernel"
+    archs = ("sm100", "sm120")
+    native = True

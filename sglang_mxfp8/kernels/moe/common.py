@@ -1,0 +1,54 @@
+"""Checks the MoE kernels share: sizes, and whether a layer's experts are the kind our own kernels compute."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..base import OK, Check, MoESpec
+
+
+def non_standard(config, ep_size: int) -> Optional[str]:
+    """Why a MoE layer (SGLang's MoeRunnerConfig) cannot take our own MoE kernels, which compute SiLU-gated experts
+    combined with the router weights on all experts of this rank, or None."""
+    if config.activation != "silu" or not config.is_gated:
+        return f"activation {config.activation} (gated {config.is_gated}); it runs SiLU-gated experts only"
+    if config.apply_router_weight_on_input or config.no_combine:
+        return "router weights on the input / no combine"
+    if config.gemm1_alpha is not None or config.gemm1_clamp_limit is not None:
+        return "a clamped or scaled gate"
+    if ep_size != 1:
+        return f"expert parallel size {ep_size}"
+    return None
+
+
+def standard_experts(spec: MoESpec, dtypes=(torch.bfloat16,)) -> Check:
+    """Our own MoE kernels: standard experts (:func:`non_standard`), no expert parallelism, these activations."""
+    if spec.non_standard:
+        return False, spec.non_standard
+    if spec.ep != 1:
+        return False, f"expert parallel size {spec.ep}"
+    if spec.dtype not in dtypes:
+        return False, f"a {str(spec.dtype).replace('torch.', '')} model"
+    return OK
+
+
+def size_refusal(spec: MoESpec, multiple: int, needs: str, fix: str) -> Check:
+    """The first of hidden and per-rank intermediate size that is not a multiple of ``multiple``, as one line. Where
+    tensor parallelism split the intermediate size, the fix is another split (those that work are listed) or expert
+    parallelism, which keeps each expert whole."""
+    for name, dim in (("hidden size", spec.hidden), ("intermediate size", spec.intermediate)):
+        if dim % multiple == 0:
+            continue
+        tp = spec.tp
+        ways = [str(t) for t in range(1, 17) if dim * tp % t == 0 and (dim * tp // t) % multiple == 0]
+        if tp > 1 and name == "intermediate size" and ways:
+            listed = ", ".join(ways[:-1]) + " or " + ways[-1] if len(ways) > 1 else ways[0]
+            return False, (
+                f"intermediate size {dim * tp} split {tp} ways by tensor parallelism (--tp / --ep-size) leaves "
+                f"{dim} per rank, not a multiple of {multiple}, {needs}; serve with --tp / --ep-size = {listed} "
+                "(--ep-size equal to --tp keeps each expert whole on its rank)")
+        full = f"{name} {dim * tp}, {dim} per rank," if tp > 1 and name == "intermediate size" else f"{name} {dim}"
+        return False, f"{full} is not a multiple of {multiple}, {needs}; {fix}"
+    return OK

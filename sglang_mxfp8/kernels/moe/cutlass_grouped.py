@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from ..base import MoEKernel
+from .common import standard_experts
+
+
+class CutlassGroupedMoE:
+    """SGLang's CUTLASS grouped block-FP8 MoE (sgl_kernel ``fp8_blockwise_scaled_grouped_mm``) on the
+    converted weights, for prefill batches. It reads transposed views of the FP8 weights and their 128x128
+    scales (nothing copied). Its pointer, problem-size and workspace tensors are rewritten by every call and
+    its strides depend only on the layer shape, so the layers of one shape on one device, which run one
+    after another on the stream, share one set.
+    expert_specialized: both GEMMs through sgl_kernel's SM90 expert-specialized grouped GEMM."""
+
+    _scratch: Dict[tuple, Dict[str, torch.Tensor]] = {}
+    activation_dtypes = (torch.bfloat16, torch.float16)
+
+    def __init__(self, experts: int, hidden: int, intermediate: int, device, expert_specialized: bool = False):
+        self.enable_es = (expert_specialized, expert_specialized)
+        key = (experts, hidden, intermediate, str(device))
+        if key not in self._scratch:
+            i64 = dict(dtype=torch.int64, device=device)
+            i32 = dict(dtype=torch.int32, device=device)
+            self._scratch[key] = dict(
+                a1_strides=torch.full((experts,), hidden, **i64), c1_strides=torch.full((experts,), 2 * intermediate, **i64),
+                a2_strides=torch.full((experts,), intermediate, **i64), c2_strides=torch.full((experts,), hidden, **i64),
+                workspace=torch.empty(7182 * 1024, dtype=torch.uint8, device=device),  # the size SGLang allocates
+                **{n: torch.empty(experts, **i64) for n in ("a_ptrs", "b_ptrs", "out_ptrs", "a_scales_ptrs", "b_scales_ptrs")},
+                expert_offsets=torch.empty(experts + 1, **i32),
+                problem_sizes1=torch.empty(experts, 3, **i32), problem_sizes2=torch.empty(experts, 3, **i32),
+            )
+        self.scratch = self._scratch[key]
+
+    def __call__(self, x, topk_weights, topk_ids, w13, w2, w13_block_scale, w2_block_scale) -> torch.Tensor:
+        from sglang.srt.layers.moe.cutlass_moe import cutlass_fused_experts_fp8
+
+        return cutlass_fused_experts_fp8(
+            x, w13.transpose(1, 2), w2.transpose(1, 2), w13_block_scale.transpose(1, 2), w2_block_scale.transpose(1, 2),
+            topk_weights, topk_ids, use_fp8_blockscale=True, enable_es=self.enable_es, **self.scratch,
+        )
+
+
+class CutlassGroupedPrefillMoE(MoEKernel):
+    """SGLang's CUTLASS grouped block-FP8 MoE for prefill batches, on the converted weights."""
+
+    name = "cutlass_moe"
+    title = "SGLang's CUTLASS grouped block-FP8 MoE"
+    archs = ("sm90",)
+    scale_rows = 128
+
+    def can_implement(self, spec):
+        return standard_experts(spec, CutlassGroupedMoE.activation_dtypes)
+
+    def create_buffers(self, layer, spec, state):
+        state.cutlass = CutlassGroupedMoE(spec.experts, spec.hidden, spec.intermediate, layer.w13_weight.device)
+
+    def experts(self, layer, state, x, topk_weights, topk_ids):
+        return state.cutlass(x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight, state.w13.block_scale,
+                             state.w2.block_scale)

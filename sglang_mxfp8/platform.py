@@ -1,0 +1,129 @@
+"""What this process runs on: the GPU, and which optional kernel libraries import (each probe cached).
+
+Nothing here imports SGLang; torch is imported only by the probes that need it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Optional, Tuple
+
+SM100_FAMILY = (100, 103, 107)
+SM120_FAMILY = (120, 121)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    sm: int  # major * 10 + minor
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (SM{self.sm})"
+
+    @property
+    def arch(self) -> str:
+        """The registry's architecture key: sm90, sm100 (100/103/107), sm110, sm120 (120/121), or other."""
+        if self.sm == 90:
+            return "sm90"
+        if self.sm in SM100_FAMILY:
+            return "sm100"
+        if self.sm == 110:
+            return "sm110"
+        if self.sm in SM120_FAMILY:
+            return "sm120"
+        return "other"
+
+    @classmethod
+    def from_capability(cls, name: str, capability: Tuple[int, int]) -> "GpuSpec":
+        return cls(name=name, sm=capability[0] * 10 + capability[1])
+
+
+@functools.lru_cache(maxsize=None)
+def visible_gpu() -> Optional[GpuSpec]:
+    """The current CUDA device, or None without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.cuda.current_device()
+    return GpuSpec.from_capability(torch.cuda.get_device_name(dev), torch.cuda.get_device_capability(dev))
+
+
+def current_gpu() -> GpuSpec:
+    gpu = visible_gpu()
+    if gpu is None:
+        raise RuntimeError("sglang_mxfp8: no CUDA GPU is visible; MXFP8 kernels need Hopper (SM90) or Blackwell")
+    return gpu
+
+
+@functools.lru_cache(maxsize=None)
+def flashinfer_available() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def flashinfer_missing() -> Optional[str]:
+    return None if flashinfer_available() else "FlashInfer is not installed (pip install flashinfer-python)"
+
+
+def load_deep_gemm() -> ModuleType:
+    """``deep_gemm``, imported after FlashInfer's GEMM module. On the H200 a process that loaded deep_gemm before
+    FlashInfer (or SGLang's FP8 layers, which import it) died with a segmentation fault in DeepGEMM's first kernel
+    compile, inside the std::regex of its include parser; loaded after either, the same GEMM ran
+    (benchmarks/RESULTS.md, "DeepGEMM's dense GEMM for prefill batches"). Where deep_gemm is not installed it fails
+    at once, without FlashInfer's import (seconds on a CPU-only machine running doctor)."""
+    if "deep_gemm" not in sys.modules and importlib.util.find_spec("deep_gemm") is None:
+        raise ModuleNotFoundError("No module named 'deep_gemm'", name="deep_gemm")
+    try:
+        import flashinfer.gemm  # noqa: F401
+    except ImportError:  # no FlashInfer: nothing to order
+        pass
+    import deep_gemm
+
+    return deep_gemm
+
+
+def deep_gemm_or_why() -> Tuple[Optional[ModuleType], Optional[str]]:
+    """(``deep_gemm``, None) where it imports (through :func:`load_deep_gemm`), else (None, why not in one line)."""
+    try:
+        return load_deep_gemm(), None
+    except Exception as e:  # noqa: BLE001 - not installed, or built for another CUDA: fall back, say why
+        return None, f"deep_gemm does not import ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+
+
+def deep_gemm_missing(api: str, needs: str = "") -> Optional[str]:
+    """Why ``deep_gemm`` cannot serve ``api`` here (not importable, no such function, or its docstring lacks the
+    ``needs`` keyword), or None."""
+    deep_gemm, why = deep_gemm_or_why()
+    if why:
+        return why
+    fn = getattr(deep_gemm, api, None)
+    if fn is None or (needs and needs not in (fn.__doc__ or "")):
+        return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no {api}" + (f" with {needs}" if needs else "")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def cublas_blockscale_missing() -> Optional[str]:
+    """Why torch's ``scaled_mm`` cannot run cuBLAS's 1x128 x 128x128 block-scaled FP8 GEMM on this GPU (torch too
+    old, off SM90, cuBLASLt before 12.9), or None. Without a visible GPU nothing can be probed: None."""
+    import torch
+    import torch.nn.functional as F
+
+    if not hasattr(F, "ScalingType"):
+        return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
+    if not torch.cuda.is_available():
+        return None
+    from .ops.cublas_sm90 import blockscale_gemm
+
+    try:
+        w = torch.zeros(128, 512, dtype=torch.float8_e4m3fn, device=f"cuda:{torch.cuda.current_device()}")
+        one = torch.ones(1, 4, dtype=torch.float32, device=w.device)  # SGLang sets a bf16 default dtype
+        blockscale_gemm(torch.ones(4, 512, dtype=torch.bfloat16, device=w.device), w, one)
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        return f"torch {torch.__version__}: {str(e).splitlines()[0]}"
+    return None

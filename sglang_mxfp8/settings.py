@@ -1,0 +1,84 @@
+"""The package's environment settings, read once per process into one frozen :class:`Settings`.
+
+- ``SGLANG_MXFP8_DISABLE=1``: no patch is applied; SGLang runs exactly as shipped.
+- ``SGLANG_MXFP8_DISABLED_KERNELS=gemv,cublas,...``: kernels the registry must not pick (names:
+  ``sglang-mxfp8 doctor`` lists them; unknown names are reported when a plan is made).
+- ``SGLANG_MXFP8_PRECOMPILE=0``: compile no kernel while the model loads (the first batch of each new
+  tile config then waits for its compiler).
+
+The per-kernel switches of 0.1 (``SGLANG_MXFP8_GEMV=0`` ...) still work for this release, each with a
+deprecation warning naming its replacement.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import FrozenSet, Mapping, Tuple
+
+logger = logging.getLogger("sglang_mxfp8")
+
+DISABLE_ENV = "SGLANG_MXFP8_DISABLE"
+DISABLED_KERNELS_ENV = "SGLANG_MXFP8_DISABLED_KERNELS"
+PRECOMPILE_ENV = "SGLANG_MXFP8_PRECOMPILE"
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+# Deprecated switch -> {value it was set to: kernels that value disables}. "precompile" stands for PRECOMPILE_ENV=0.
+DEPRECATED: Mapping[str, Mapping[bool, Tuple[str, ...]]] = {
+    "SGLANG_MXFP8_GEMV": {False: ("gemv",)},
+    "SGLANG_MXFP8_MOE_GEMV": {False: ("moe_gemv",)},
+    "SGLANG_MXFP8_WEIGHT_ONLY": {False: ("weight_only",)},
+    "SGLANG_MXFP8_CUBLAS_PREFILL": {False: ("cublas",), True: ("deepgemm",)},  # =1 preferred cuBLAS over DeepGEMM
+    "SGLANG_MXFP8_DEEPGEMM_PREFILL_DENSE": {False: ("deepgemm",)},
+    "SGLANG_MXFP8_DEEPGEMM_PREFILL_MOE": {False: ("deepgemm_moe",)},
+    "SGLANG_MXFP8_CUTLASS_PREFILL_MOE": {False: ("cutlass_moe",)},
+    "SGLANG_MXFP8_FLASHINFER_PRECOMPILE": {False: ("precompile",)},
+    "SGLANG_MXFP8_DEEPGEMM_PRECOMPILE": {False: ("precompile",)},
+}
+
+
+def parse_switch(value: str | None):
+    """1/true/yes/on -> True, 0/false/no/off -> False (any case, spaces ignored); unset or other -> None."""
+    value = (value or "").strip().lower()
+    return True if value in _ON else False if value in _OFF else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    disabled: bool = False
+    disabled_kernels: FrozenSet[str] = frozenset()
+    precompile: bool = True
+    deprecations: Tuple[str, ...] = field(default=(), compare=False)  # one warning per deprecated switch set
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Settings":
+        kernels = {name.strip() for name in env.get(DISABLED_KERNELS_ENV, "").split(",") if name.strip()}
+        precompile = parse_switch(env.get(PRECOMPILE_ENV)) is not False
+        notes = []
+        for name, meaning in DEPRECATED.items():
+            value = parse_switch(env.get(name))
+            if value is None or value not in meaning:
+                continue
+            off = meaning[value]
+            if off == ("precompile",):
+                precompile = False
+                instead = f"{PRECOMPILE_ENV}=0 (it now turns off every load-time compile)"
+            else:
+                kernels.update(off)
+                instead = f"{DISABLED_KERNELS_ENV}={','.join(off)}"
+            notes.append(f"{name}={env[name]} is deprecated and will be removed in the next release; use {instead}")
+        return cls(disabled=parse_switch(env.get(DISABLE_ENV)) is True, disabled_kernels=frozenset(kernels),
+                   precompile=precompile, deprecations=tuple(notes))
+
+
+@functools.lru_cache(maxsize=None)
+def current() -> Settings:
+    """This process's settings (read from the environment on first use; ``current.cache_clear()`` re-reads)."""
+    settings = Settings.from_env(os.environ)
+    for note in settings.deprecations:
+        logger.warning("sglang_mxfp8: %s", note)
+    return settings

@@ -1,0 +1,421 @@
+"""Every change sglang_mxfp8 makes to SGLang's behaviour, as named patches.
+
+Applied by the startup hook right after each target module is imported (SGLang 0.5.10.post1 has no
+plugin system), or all at once by :func:`register` (the ``sglang.srt.plugins`` entry point of newer
+SGLang). A patch whose target moved fails loudly with the SGLang version and the missing attribute.
+
+Patches:
+- ``server_args.moe_kernel_config``: MXFP8 + ``--moe-runner-backend flashinfer_cutlass``/``triton``
+  (and ``auto`` on Hopper) is kept instead of being rewritten to ``flashinfer_trtllm``; SGLang's
+  "flashinfer_cutlass only for ModelOpt" assert does not apply to MXFP8; impossible flag/GPU
+  combinations fail here with one line.
+- ``model_config.modelopt_mxfp8``: ModelOpt ``quant_algo: MXFP8`` is MXFP8, not per-tensor FP8.
+- ``quantization.mxfp8_config``: ``QUANTIZATION_METHODS["mxfp8"]`` -> :class:`Mxfp8Config`
+  (minimum capability 90, our linear and MoE methods).
+- ``quantization.dense_dispatch``: ``dispatch_w8a8_mxfp8_linear`` in ``fp8``/``fp8_utils`` -> ours.
+- ``loader.modelopt_mxfp8_file``: a ModelOpt MXFP8 checkpoint described only by hf_quant_config.json
+  gets :class:`Mxfp8Config`; SGLang's ``get_quant_config`` finds no quantization_config in config.json
+  and would otherwise build an online-quantization config for it.
+- ``loader.conversion_report``: log, after each (re)load, how many elements conversion changed and
+  whether every MXFP8 tensor (parameters and derived buffers) kept its storage since the first load.
+- ``model_runner.refit_rollback``: SGLang's ``update_weights_from_disk`` sets the new model path before
+  loading, so its rollback after a failed load re-reads the *bad* checkpoint, fails again and takes the
+  scheduler down. The patch rolls back to the checkpoint that was being served and answers
+  ``success: false`` with the error naming the tensor.
+- ``moe_config.tuned``: SGLang 0.5.10.post1 ships no Triton fused-MoE tile configs for the Triton it
+  runs with (3.6) and falls back to configs tuned for Triton 3.2. Where this package ships a config
+  measured on the GPU for the running Triton (``sglang_mxfp8/moe_configs/``, made by
+  ``benchmarks/kernels/tune_moe.py``), it is used instead; a config SGLang ships for the running
+  Triton, ``SGLANG_MOE_CONFIG_DIR``, deterministic inference and launches that are not MXFP8 keep
+  SGLang's choice.
+- ``model_runner.tensor_update_postprocess``: SGLang 0.5.10.post1 runs no post-load processing after
+  ``update_weights_from_tensor`` / ``update_weights_from_distributed`` (RL weight sync), so kernel
+  layouts would go stale. Those calls mark the model; the next ``ModelRunner.forward`` (before any
+  CUDA-graph replay) re-runs our idempotent post-processing once for all buckets sent since.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Dict, Optional
+
+from .. import SUPPORTED_SGLANG
+from ..format import checkpoint
+from ..kernels import registry
+from ..kernels.base import Mxfp8ConfigError
+
+logger = logging.getLogger("sglang_mxfp8")
+
+APPLIED: Dict[str, str] = {}  # patch name -> "module.attribute" it replaced
+
+
+class PatchTargetMissing(RuntimeError):
+    pass
+
+
+def _sglang_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:  # noqa: BLE001 - any failure means "unknown"
+        return "unknown"
+
+
+def _target(owner, attr: str, patch: str):
+    if not hasattr(owner, attr):
+        name = getattr(owner, "__name__", type(owner).__name__)
+        raise PatchTargetMissing(
+            f"sglang_mxfp8 patch {patch!r}: sglang {_sglang_version()} has no {name}.{attr} "
+            f"(this sglang_mxfp8 supports sglang {SUPPORTED_SGLANG}); set SGLANG_MXFP8_DISABLE=1 to run SGLang unpatched"
+        )
+    return getattr(owner, attr)
+
+
+def _replace(owner, attr: str, patch: str, make: Callable):
+    """Replace ``owner.attr`` by ``make(original)`` once (idempotent across repeated imports)."""
+    original = _target(owner, attr, patch)
+    if getattr(original, "__sglang_mxfp8_patch__", None) == patch:
+        return
+    new = make(original)
+    new.__sglang_mxfp8_patch__ = patch
+    if isinstance(inspect.getattr_static(owner, attr), staticmethod):
+        new = staticmethod(new)  # class attribute lookups then return the marked function itself
+    setattr(owner, attr, new)
+    where = owner.__name__ if isinstance(owner, ModuleType) else f"{owner.__module__}.{owner.__qualname__}"
+    APPLIED[patch] = f"{where}.{attr}"
+
+
+# ---- server args -------------------------------------------------------------------------------
+
+def is_mxfp8_launch(args) -> bool:
+    """True when SGLang is asked to serve MXFP8: --quantization mxfp8, or a local MXFP8 checkpoint."""
+    if args.quantization == "mxfp8":
+        return True
+    if args.quantization is None and getattr(args, "model_path", None):
+        try:
+            return checkpoint.detect_checkpoint(args.model_path) is not None
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+class Mxfp8LaunchError(SystemExit):
+    """A launch that cannot serve MXFP8: its one-line reason goes to stderr and the launcher exits 1, with no
+    traceback (and before SGLang spawns a process that would die on it later)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"sglang_mxfp8: {message}")
+        self.message = message
+
+
+def validate_launch(args, gpu, settings=None) -> None:
+    """Fail before any process is spawned if the flags or a layer of the checkpoint cannot run MXFP8 on ``gpu``: the
+    same plans ``sglang-mxfp8 doctor`` prints (base kernels only: band kernels never make a layer fail)."""
+    try:
+        registry.check_flag("linear", gpu, args.fp8_gemm_runner_backend, settings)
+        path = Path(args.model_path or "")
+        if not (path / "config.json").is_file():
+            return
+        if checkpoint.has_experts(path):
+            registry.check_flag("moe", gpu, args.moe_runner_backend, settings)
+        if checkpoint.detect_checkpoint(path) is None:  # --quantization mxfp8 on a BF16 checkpoint: SGLang's own
+            return
+        tp, ep = getattr(args, "tp_size", 1) or 1, getattr(args, "ep_size", 1) or 1
+        try:
+            plans = registry.plan_checkpoint(path, gpu, args.fp8_gemm_runner_backend, args.moe_runner_backend, tp, ep,
+                                             settings, bands=False)
+        except (OSError, ValueError, RuntimeError):  # unreadable weights: SGLang's loader says what is wrong with them
+            return
+        for what, plan in plans:
+            if isinstance(plan, str):
+                raise Mxfp8ConfigError(plan)
+    except Mxfp8ConfigError as e:
+        raise Mxfp8LaunchError(str(e)) from None
+
+
+def _keeps_our_moe_backend(args, gpu) -> bool:
+    backend = args.moe_runner_backend
+    return backend in ("flashinfer_cutlass", "triton") or (backend == "auto" and gpu is not None and gpu.sm == 90)
+
+
+def patch_server_args() -> None:
+    from sglang.srt import server_args
+
+    cls = _target(server_args, "ServerArgs", "server_args.moe_kernel_config")
+
+    def make(original):
+        @functools.wraps(original)
+        def _handle_moe_kernel_config(self):
+            if not is_mxfp8_launch(self):
+                return original(self)
+            from ..platform import visible_gpu
+
+            gpu = visible_gpu()
+            if gpu is not None:
+                validate_launch(self, gpu)
+            if not _keeps_our_moe_backend(self, gpu):
+                return original(self)
+            # SGLang's MXFP8 rewrite and its ModelOpt-only flashinfer_cutlass assert describe its own
+            # kernels; ours run these backends, so SGLang checks the rest as for an unquantized MoE.
+            quantization, self.quantization = self.quantization, None
+            try:
+                return original(self)
+            finally:
+                self.quantization = quantization
+
+        return _handle_moe_kernel_config
+
+    _replace(cls, "_handle_moe_kernel_config", "server_args.moe_kernel_config", make)
+
+
+# ---- fused MoE tile configs --------------------------------------------------------------------
+
+TUNED_MOE_CONFIGS = Path(__file__).parent / "moe_configs"
+
+
+def tuned_moe_config(file_name: str, triton_version: str, sglang_config_dir: str) -> Optional[Path]:
+    """Our measured config for SGLang's config ``file_name``, unless SGLang has one for this Triton."""
+    version_dir = f"triton_{triton_version.replace('.', '_')}"
+    ours = TUNED_MOE_CONFIGS / version_dir / file_name
+    if not ours.is_file() or os.path.exists(os.path.join(sglang_config_dir, "configs", version_dir, file_name)):
+        return None
+    return ours
+
+
+def with_tuned_moe_configs(original, moe_config: ModuleType):
+    """SGLang's ``get_moe_configs`` (of module ``moe_config``), answering from our configs where they apply."""
+
+    @functools.lru_cache
+    @functools.wraps(original)
+    def get_moe_configs(E, N, dtype, block_n=0, block_k=0, per_channel_quant=False, down_moe=False):
+        args = moe_config.get_global_server_args()
+        if ("SGLANG_MOE_CONFIG_DIR" not in os.environ and not args.enable_deterministic_inference
+                and is_mxfp8_launch(args)):
+            name = moe_config.get_config_file_name(E, N, dtype, [block_n, block_k], per_channel_quant,
+                                                   down_moe=down_moe)
+            version = moe_config.triton.__version__
+            ours = tuned_moe_config(name, version, os.path.dirname(os.path.realpath(moe_config.__file__)))
+            if ours is not None:
+                logger.info("Using MoE kernel config from %s (measured with Triton %s)", ours, version)
+                return {int(m): cfg for m, cfg in json.loads(ours.read_text()).items()}
+        return original(E, N, dtype, block_n, block_k, per_channel_quant, down_moe)
+
+    return get_moe_configs
+
+
+def patch_moe_configs() -> None:
+    from sglang.srt.layers.moe.fused_moe_triton import fused_moe_triton_config as moe_config
+
+    _replace(moe_config, "get_moe_configs", "moe_config.tuned",
+             lambda original: with_tuned_moe_configs(original, moe_config))
+
+
+# ---- model config ------------------------------------------------------------------------------
+
+def patch_model_config() -> None:
+    from sglang.srt.configs import model_config
+
+    cls = _target(model_config, "ModelConfig", "model_config.modelopt_mxfp8")
+
+    def make(original):
+        @functools.wraps(original)
+        def _parse_modelopt_quant_config(self, quant_config_dict):
+            if checkpoint.is_modelopt_mxfp8(quant_config_dict):
+                return {"quant_method": "mxfp8", "quant_algo": "MXFP8"}
+            return original(self, quant_config_dict)
+
+        return _parse_modelopt_quant_config
+
+    _replace(cls, "_parse_modelopt_quant_config", "model_config.modelopt_mxfp8", make)
+
+
+# ---- quantization ------------------------------------------------------------------------------
+
+def patch_quantization() -> None:
+    from sglang.srt.layers import quantization
+    from sglang.srt.layers.quantization import fp8, fp8_utils
+
+    from . import quant_methods
+    from .quant_methods import Mxfp8Config
+
+    methods = _target(quantization, "QUANTIZATION_METHODS", "quantization.mxfp8_config")
+    if methods.get("mxfp8") is not Mxfp8Config:
+        methods["mxfp8"] = Mxfp8Config
+        APPLIED["quantization.mxfp8_config"] = "sglang.srt.layers.quantization.QUANTIZATION_METHODS['mxfp8']"
+
+    def make(original):
+        @functools.wraps(quant_methods.dispatch_w8a8_mxfp8_linear)
+        def dispatch_w8a8_mxfp8_linear(*args, **kwargs):
+            # SGLang's own zero-argument call comes only from its online-quantization path
+            # (BF16 checkpoint + --quantization mxfp8, Blackwell), which keeps SGLang's kernels.
+            if not args and not kwargs:
+                return original()
+            return quant_methods.dispatch_w8a8_mxfp8_linear(*args, **kwargs)
+
+        return dispatch_w8a8_mxfp8_linear
+
+    _replace(fp8_utils, "dispatch_w8a8_mxfp8_linear", "quantization.dense_dispatch", make)
+    fp8.dispatch_w8a8_mxfp8_linear = fp8_utils.dispatch_w8a8_mxfp8_linear
+
+
+def patch_loader() -> None:
+    from sglang.srt.model_loader import loader
+
+    from .quant_methods import ConversionReport, Mxfp8Config
+
+    def make_quant_config(original):
+        @functools.wraps(original)
+        def get_quant_config(model_config, load_config, packed_modules_mapping, *args, **kwargs):
+            # A ModelOpt MXFP8 checkpoint may describe itself only in hf_quant_config.json; SGLang's
+            # get_quant_config would then build an *online* MXFP8 config, as for a BF16 checkpoint.
+            hf_quant = Path(model_config.model_path) / "hf_quant_config.json"
+            if (model_config.quantization == "mxfp8" and hf_quant.is_file()
+                    and getattr(model_config.hf_config, "quantization_config", None) is None):
+                cfg = json.loads(hf_quant.read_text())
+                if checkpoint.is_modelopt_mxfp8(cfg):
+                    return Mxfp8Config.from_config({**cfg, "packed_modules_mapping": packed_modules_mapping})
+            return original(model_config, load_config, packed_modules_mapping, *args, **kwargs)
+
+        return get_quant_config
+
+    _replace(loader, "get_quant_config", "loader.modelopt_mxfp8_file", make_quant_config)
+    cls = _target(loader, "DefaultModelLoader", "loader.conversion_report")
+
+    def make(original):
+        @functools.wraps(original)
+        def load_weights_and_postprocess(model, weights, target_device):
+            ConversionReport.reset()
+            for module in model.modules():  # a failed load before this one may have left records behind
+                tracker = getattr(module, "mxfp8_loads", None)
+                if tracker is not None:
+                    tracker.reset()
+            original(model, weights, target_device)
+            if ConversionReport.total:
+                logger.info(ConversionReport.line())
+            check_storage(model)
+
+        return load_weights_and_postprocess
+
+    _replace(cls, "load_weights_and_postprocess", "loader.conversion_report", make)
+
+
+def mxfp8_tensors(model) -> dict:
+    """Every tensor our methods own in ``model``: parameters, buffers and the tensors of each layer's state."""
+    from .quant_methods import Mxfp8LinearMethod, Mxfp8MoEMethod
+
+    found = {}
+    for mod_name, module in model.named_modules():
+        if not isinstance(getattr(module, "quant_method", None), (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            continue
+        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            found[f"{mod_name}.{name}"] = t
+        state = getattr(module, "mxfp8_state", None)
+        for name, t in (state.tensors() if state is not None else ()):
+            found[f"{mod_name}.mxfp8_state.{name}"] = t
+    return found
+
+
+def check_storage(model) -> None:
+    """Log whether every MXFP8 tensor kept its storage since the first load (CUDA graphs hold pointers)."""
+    now = {name: t.data_ptr() for name, t in mxfp8_tensors(model).items()}
+    if not now:
+        return
+    first = getattr(model, "_sglang_mxfp8_storage", None)
+    if first is None:
+        model._sglang_mxfp8_storage = now
+        logger.info("sglang_mxfp8: storage of %d MXFP8 tensors recorded at first load", len(now))
+        return
+    moved = [name for name, ptr in now.items() if first.get(name) != ptr]
+    if moved:
+        logger.warning("sglang_mxfp8: %d of %d MXFP8 tensors moved since the first load (first: %s); captured "
+                       "CUDA graphs would read stale memory", len(moved), len(now), moved[0])
+    else:
+        logger.info("sglang_mxfp8: storage of all %d MXFP8 tensors unchanged since the first load", len(now))
+
+
+def postprocess_mxfp8_modules(model) -> int:
+    """Run post-load processing of every sglang_mxfp8 method in ``model``; returns how many ran."""
+    from .quant_methods import ConversionReport, Mxfp8LinearMethod, Mxfp8MoEMethod
+
+    ConversionReport.reset()
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            method.process_weights_after_loading(module)
+            count += 1
+    if ConversionReport.total:
+        logger.info(ConversionReport.line())
+    check_storage(model)
+    return count
+
+
+def refit_rollback(original):
+    """Wrap ``ModelRunner.update_weights_from_disk``: a failed refit reloads the checkpoint being served."""
+
+    @functools.wraps(original)
+    def update_weights_from_disk(self, model_path, load_format, *args, **kwargs):
+        served_path, served_format = self.model_config.model_path, self.server_args.load_format
+        try:
+            return original(self, model_path, load_format, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
+            logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
+            ok, message = original(self, served_path, served_format, *args, **kwargs)
+            if not ok:
+                raise RuntimeError(f"refit from {model_path} failed ({e}) and so did the rollback to "
+                                   f"{served_path} ({message}); the weights in memory are inconsistent") from e
+            return False, f"Failed to update weights: {e}. Rolled back to {served_path}."
+
+    return update_weights_from_disk
+
+
+def patch_model_runner() -> None:
+    from sglang.srt.model_executor import model_runner
+
+    patch = "model_runner.tensor_update_postprocess"
+    cls = _target(model_runner, "ModelRunner", patch)
+
+    def marking(original):
+        @functools.wraps(original)
+        def update(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            self._sglang_mxfp8_pending = True
+            return result
+
+        return update
+
+    def make_forward(original):
+        @functools.wraps(original)
+        def forward(self, *args, **kwargs):
+            if getattr(self, "_sglang_mxfp8_pending", False):
+                self._sglang_mxfp8_pending = False
+                postprocess_mxfp8_modules(self.model)
+            return original(self, *args, **kwargs)
+
+        return forward
+
+    _replace(cls, "update_weights_from_disk", "model_runner.refit_rollback", refit_rollback)
+    _replace(cls, "update_weights_from_tensor", patch, marking)
+    _replace(cls, "update_weights_from_distributed", patch + ".distributed", marking)
+    _replace(cls, "forward", patch + ".forward", make_forward)
+
+
+def register() -> None:
+    """Entry point (``sglang.srt.plugins``) for SGLang versions with a plugin system."""
+    from ..settings import current
+
+    if current().disabled:
+        return
+    patch_server_args()
+    patch_model_config()
+    patch_quantization()
+    patch_loader()
+    patch_moe_configs()
+    patch_model_runner()

@@ -1,0 +1,291 @@
+"""SGLang quantization config and methods for MXFP8 checkpoints (imports SGLang; loaded by the plugin).
+
+``Mxfp8Config`` replaces ``QUANTIZATION_METHODS["mxfp8"]``. It keeps SGLang's parameters exactly
+(e4m3 ``weight``, uint8 ``weight_scale_inv`` [N, K/32], MoE ``w13_*``/``w2_*``), so checkpoints and
+``/update_weights_from_disk`` load as they do in SGLang, and adds the kernel layouts as derived
+buffers of each layer's kernel plan (:mod:`sglang_mxfp8.kernels.registry`).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import weakref
+from dataclasses import replace
+from typing import Any, Dict, List, Optional
+
+import torch
+from sglang.srt.compilation.piecewise_context_manager import is_in_piecewise_cuda_graph
+from sglang.srt.layers.moe import get_moe_runner_backend
+from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod, Fp8MoEMethod
+from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod, UnquantizedLinearMethod
+from sglang.srt.layers.quantization.utils import is_layer_skipped
+
+from .. import __version__
+from ..format import checkpoint
+from ..format.refit import LoadTracker
+from ..kernels import registry
+from ..kernels.base import LinearSpec, MoESpec, log_once
+from ..kernels.moe.common import non_standard
+from ..platform import current_gpu
+from ..settings import current as current_settings
+
+logger = logging.getLogger("sglang_mxfp8")
+
+
+def _announce_once() -> None:
+    if getattr(_announce_once, "done", False):
+        return
+    _announce_once.done = True
+    logger.info(
+        "sglang_mxfp8 %s active in process %s (pid %d)",
+        __version__, multiprocessing.current_process().name, os.getpid(),
+    )
+
+
+def _check_loads(layer) -> None:
+    """Refuse a load that wrote a weight without its scale (layers built by hand have no tracker)."""
+    tracker = getattr(layer, "mxfp8_loads", None)
+    if tracker is not None:
+        tracker.check()
+
+
+class ConversionReport:
+    """What one model load's post-processing converted; the plugin logs it after each load."""
+
+    changed = total = layers = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.changed = cls.total = cls.layers = 0
+
+    @classmethod
+    def add(cls, stats, numel: int) -> None:
+        if stats is None:  # a layout without a conversion (Blackwell scales)
+            return
+        cls.changed += stats.changed_elements
+        cls.total += numel
+        cls.layers += stats.converted_rows > 0
+
+    @classmethod
+    def line(cls) -> str:
+        frac = cls.changed / cls.total if cls.total else 0.0
+        return (
+            f"sglang_mxfp8: converted {cls.layers} MXFP8 weights to Hopper block scales in place; "
+            f"{cls.changed} of {cls.total} elements changed value ({frac:.2e}, e4m3 subnormal rounding)"
+        )
+
+
+class Mxfp8Config(Fp8Config):
+    """Fp8Config for serialized MXFP8 checkpoints (miles/SGLang and ModelOpt), runnable from SM90."""
+
+    def __init__(self, *args, scale_name: str = "weight_scale_inv", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scale_name = scale_name
+        _announce_once()
+
+    def get_min_capability(self) -> int:
+        return 90 if self.use_mxfp8 else super().get_min_capability()
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "Mxfp8Config":
+        fmt = checkpoint.detect_mxfp8(config)
+        if fmt is None or fmt.flavor == checkpoint.MILES:
+            return super().from_config(config)
+        ignored = []
+        for name in fmt.ignored:
+            base = name.removeprefix("model.")
+            ignored += [base, f"model.{base}"]
+        return cls(
+            is_checkpoint_fp8_serialized=True,
+            activation_scheme="dynamic",
+            ignored_layers=ignored,
+            weight_block_size=[1, 32],
+            packed_modules_mapping=config.get("packed_modules_mapping") or {},
+            use_mxfp8=True,
+            scale_name=fmt.scale_name,
+        )
+
+    def rename_scales(self, layer: torch.nn.Module, prefixes) -> None:
+        """Register SGLang's ``{prefix}weight_scale_inv`` under the checkpoint's scale name (ModelOpt: weight_scale)."""
+        if self.scale_name != "weight_scale_inv":
+            for p in prefixes:
+                layer.register_parameter(f"{p}{self.scale_name}", layer._parameters.pop(f"{p}weight_scale_inv"))
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        # Imported here as SGLang does: FusedMoE needs sgl_kernel, which CPU machines lack.
+        from sglang.srt.layers.linear import LinearBase
+        from sglang.srt.layers.moe.fused_moe_triton import FusedMoE
+
+        if not (self.use_mxfp8 and self.is_checkpoint_fp8_serialized):
+            return super().get_quant_method(layer, prefix)
+        skipped = is_layer_skipped(prefix, self.ignored_layers, fused_mapping=self.packed_modules_mapping)
+        gpu = current_gpu()
+        if isinstance(layer, LinearBase):
+            if skipped:
+                return UnquantizedLinearMethod()
+            if registry.native("linear", gpu, sglang_fp8_gemm_flag()):
+                return Fp8LinearMethod(self)  # SGLang's own Triton tl.dot_scaled MXFP8 kernel
+            return Mxfp8LinearMethod(self, prefix)
+        if isinstance(layer, FusedMoE):
+            if skipped:
+                return UnquantizedFusedMoEMethod(layer.use_triton_kernels, layer.use_flashinfer_trtllm_moe)
+            if registry.native("moe", gpu, get_moe_runner_backend().value):
+                return Fp8MoEMethod(self)  # SGLang's own flashinfer_trtllm(_routed) / cutlass MXFP8 MoE
+            return Mxfp8MoEMethod(self, prefix)
+        return super().get_quant_method(layer, prefix)
+
+
+def serving_max_tokens() -> Optional[int]:
+    """Most tokens one forward of this SGLang server runs (largest prefill chunk or decode graph batch); None outside
+    a server."""
+    try:
+        from sglang.srt.server_args import get_global_server_args
+
+        args = get_global_server_args()
+    except (ImportError, ValueError):
+        return None
+    if args is None:
+        return None
+    chunk = args.chunked_prefill_size if (args.chunked_prefill_size or 0) > 0 else args.max_prefill_tokens
+    return max(chunk or 0, args.cuda_graph_max_bs or 0) or None
+
+
+def sglang_fp8_gemm_flag() -> str:
+    """The --fp8-gemm-backend value SGLang recorded for this process ('auto' before it is set)."""
+    try:
+        from sglang.srt.layers.quantization.fp8_utils import get_fp8_gemm_runner_backend
+    except ImportError:
+        return "auto"
+    return get_fp8_gemm_runner_backend().value
+
+
+def dispatch_w8a8_mxfp8_linear(n: int, k: int, *, layer: str = "layer", flag: Optional[str] = None, gpu=None,
+                               dtype: torch.dtype = torch.bfloat16):
+    """The dense MXFP8 kernels (a registry Plan) for a weight [n, k], from --fp8-gemm-backend, the GPU and the model
+    dtype; SGLang's ``dispatch_w8a8_mxfp8_linear`` answers with it when called with a shape."""
+    return registry.select_linear(LinearSpec(layer, n, k, dtype), gpu or current_gpu(), flag or sglang_fp8_gemm_flag())
+
+
+def _announce_plan(plan) -> None:
+    """The server log line of a layer shape's plan (once per shape and plan); a fallback the flag did not ask for
+    warns."""
+    log_once(logging.WARNING if plan.fallback else logging.INFO,
+             f"sglang_mxfp8: {plan.spec.shape}: {plan.explain(with_spec=False)}")
+
+
+def _precompile(plan, layer, state, weight) -> None:
+    """Compile at load what the server's batch sizes will run (SGLANG_MXFP8_PRECOMPILE=0 skips it)."""
+    max_m = serving_max_tokens()
+    if max_m and weight.is_cuda and current_settings().precompile:
+        plan.precompile(layer, state, max_m)
+
+
+_LINEAR_LAYERS: List[weakref.ref] = []  # our linear layers, by layer.mxfp8_linear_index
+
+
+@torch.library.custom_op("sglang_mxfp8::linear", mutates_args=())
+def _linear_op(x: torch.Tensor, bias: Optional[torch.Tensor], layer_index: int) -> torch.Tensor:
+    """One MXFP8 linear layer as a single opaque op for SGLang's piecewise CUDA graphs (on by default): SGLang
+    traces the model with torch.compile(fullgraph=True) before capturing prefill graphs, and our kernels' host code
+    (FlashInfer's JIT loader, DeepGEMM's bindings) cannot be traced. The op runs the layer eagerly while the graph
+    is captured, as SGLang's own MXFP8 and MoE ops do."""
+    layer = _LINEAR_LAYERS[layer_index]()
+    return layer.quant_method.plan.apply(layer, layer.mxfp8_state, x, bias)
+
+
+@_linear_op.register_fake
+def _(x, bias, layer_index):
+    return x.new_empty((*x.shape[:-1], _LINEAR_LAYERS[layer_index]().weight.shape[0]))  # weight: [N, K] as loaded
+
+
+class Mxfp8LinearMethod(Fp8LinearMethod):
+    """MXFP8 linear layer: SGLang's parameters, the kernels of the layer's registry plan."""
+
+    def __init__(self, quant_config: Mxfp8Config, prefix: str):
+        # Fp8LinearMethod.__init__ would pick SGLang's Blackwell-only GEMM; set what create_weights reads.
+        self.quant_config = quant_config
+        self.prefix = prefix
+        self.use_mxfp8 = True
+        self.block_quant = True
+        self.is_checkpoint_fp8_serialized = True
+        self.use_marlin = False
+        self.plan = None
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra):
+        self.plan = dispatch_w8a8_mxfp8_linear(sum(output_partition_sizes), input_size_per_partition, layer=self.prefix,
+                                               dtype=params_dtype)
+        _announce_plan(self.plan)
+        super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra)
+        self.quant_config.rename_scales(layer, ("",))
+        layer.mxfp8_loads = LoadTracker(self.prefix, {"": (layer.weight, getattr(layer, self.quant_config.scale_name))})
+        layer.mxfp8_state = self.plan.create_buffers(layer)
+        layer.mxfp8_linear_index = len(_LINEAR_LAYERS)
+        _LINEAR_LAYERS.append(weakref.ref(layer))
+
+    def process_weights_after_loading(self, layer) -> None:
+        _check_loads(layer)
+        scale = getattr(layer, self.quant_config.scale_name)
+        stats = self.plan.process_weights_after_loading(layer, layer.mxfp8_state, scale)
+        ConversionReport.add(stats, layer.weight.numel())
+        _precompile(self.plan, layer, layer.mxfp8_state, layer.weight)
+
+    def apply(self, layer, x, bias=None):
+        if is_in_piecewise_cuda_graph():  # being traced for (or replayed as) a piecewise CUDA graph
+            return torch.ops.sglang_mxfp8.linear(x, bias, layer.mxfp8_linear_index)
+        return self.plan.apply(layer, layer.mxfp8_state, x, bias)
+
+
+class Mxfp8MoEMethod(Fp8MoEMethod):
+    """MXFP8 fused MoE on SGLang's FusedMoE parameters, the kernels of the layer's registry plan."""
+
+    def __init__(self, quant_config: Mxfp8Config, prefix: str):
+        super().__init__(quant_config)
+        self.prefix = prefix
+        self.plan = None
+
+    @property
+    def load_up_proj_weight_first(self) -> bool:
+        """FlashInfer's CUTLASS MoE wants w13 as [up; gate]; SGLang's loader reads this on every load."""
+        return self.plan is not None and self.plan.base.up_proj_first
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra):
+        ep = getattr(layer, "moe_ep_size", 1)
+        config = getattr(layer, "moe_runner_config", None)  # SGLang sets it before create_weights
+        spec = MoESpec(self.prefix, num_experts, hidden_size, intermediate_size_per_partition,
+                       tp=getattr(layer, "moe_tp_size", 1), ep=ep, dtype=params_dtype,
+                       non_standard=non_standard(config, ep) if config is not None else None)
+        self.plan = registry.select_moe(spec, current_gpu(), get_moe_runner_backend().value)
+        _announce_plan(self.plan)
+        super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra)
+        self.quant_config.rename_scales(layer, ("w13_", "w2_"))
+        layer.mxfp8_loads = LoadTracker(self.prefix, {w: (getattr(layer, f"{w}_weight"), self._scale(layer, w))
+                                                      for w in ("w13", "w2")})
+        layer.mxfp8_state = self.plan.create_buffers(layer)
+
+    def _scale(self, layer, w: str) -> torch.Tensor:
+        return getattr(layer, f"{w}_{self.quant_config.scale_name}")
+
+    def process_weights_after_loading(self, layer) -> None:
+        _check_loads(layer)
+        stats = self.plan.process_weights_after_loading(layer, layer.mxfp8_state, self._scale(layer, "w13"),
+                                                         self._scale(layer, "w2"))
+        for st, weight in zip(stats, (layer.w13_weight, layer.w2_weight)):
+            ConversionReport.add(st, weight.numel())
+        _precompile(self.plan, layer, layer.mxfp8_state, layer.w13_weight)
+
+    def create_moe_runner(self, layer, moe_runner_config):
+        self.moe_runner_config = moe_runner_config
+        why = non_standard(moe_runner_config, getattr(layer, "moe_ep_size", 1))
+        if why and self.plan.spec.non_standard is None and len(self.plan.entries) > 1:  # config unknown at create_weights
+            self.plan = registry.select_moe(replace(self.plan.spec, non_standard=why), self.plan.gpu, self.plan.flag)
+            _announce_plan(self.plan)
+        self.plan.base.create_runner(layer, layer.mxfp8_state, moe_runner_config)
+
+    def apply(self, layer, dispatch_output):
+        from sglang.srt.layers.moe.token_dispatcher import StandardCombineInput
+
+        out = self.plan.apply(layer, layer.mxfp8_state, dispatch_output.hidden_states, dispatch_output,
+                              self.moe_runner_config)
+        return StandardCombineInput(hidden_states=out) if isinstance(out, torch.Tensor) else out

@@ -1,0 +1,363 @@
+"""The kernel registry: each (architecture, flag, shape) gets the plan its priority list says, batch band by batch
+band; each kernel refuses on its own the shapes it cannot run; errors are one line naming the flag, GPU and choices."""
+
+import ast
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_mxfp8 import platform
+from sglang_mxfp8.kernels import registry as r
+from sglang_mxfp8.kernels.base import LinearSpec, MoESpec, Mxfp8ConfigError
+from sglang_mxfp8.platform import GpuSpec
+from sglang_mxfp8.settings import Settings
+
+H200 = GpuSpec("NVIDIA H200", 90)
+A100 = GpuSpec("NVIDIA A100", 80)
+L40 = GpuSpec("NVIDIA L40S", 89)
+B200 = GpuSpec("NVIDIA B200", 100)
+RTX = GpuSpec("NVIDIA RTX PRO 6000", 120)
+THOR = GpuSpec("NVIDIA Thor", 110)
+DEFAULT = Settings()
+PACKAGE = Path(__file__).resolve().parents[1] / "sglang_mxfp8"
+
+
+@pytest.fixture
+def libraries(monkeypatch):
+    """FlashInfer present, cuBLAS's block-scaled GEMM usable, DeepGEMM absent unless a test says otherwise."""
+    monkeypatch.setattr(platform, "flashinfer_missing", lambda: None)
+    monkeypatch.setattr(platform, "cublas_blockscale_missing", lambda: None)
+    monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": "deep_gemm does not import (test)")
+
+    def set_deep_gemm(present: bool):
+        monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": None if present else "not installed")
+        stand_in = types.ModuleType("deep_gemm")  # only what the registry asks of it; no kernel runs here
+        stand_in.get_mk_alignment_for_contiguous_layout = lambda: 128
+        monkeypatch.setitem(sys.modules, "deep_gemm", stand_in)
+    return set_deep_gemm
+
+
+def dense(gpu, flag, n, k, dtype=torch.bfloat16, settings=DEFAULT):
+    return r.select_linear(LinearSpec("model.layers.0.mlp.down_proj", n, k, dtype), gpu, flag, settings)
+
+
+G, D, C, F, T, W = "gemv", "deepgemm", "cublas", "flashinfer_sm90", "triton_w8a8", "weight_only"
+
+
+@pytest.mark.parametrize("flag,n,k,deep_gemm,bands,fallback", [
+    ("auto", 5120, 2048, True, {"1 token": G, "1024+ tokens": D, "other batches": F}, False),
+    ("auto", 5120, 2048, False, {"1 token": G, "1024+ tokens": C, "other batches": F}, False),
+    ("flashinfer_trtllm", 2048, 4096, True, {"1 token": G, "1024+ tokens": D, "other batches": F}, False),
+    ("auto", 14336, 4096, False, {"1024+ tokens": C, "other batches": F}, False),  # up projection: no GEMV beside FI
+    ("auto", 1088, 2048, False, {"other batches": F}, False),  # N % 128: no cuBLAS
+    ("auto", 1088, 2048, True, {"1024+ tokens": D, "other batches": F}, False),
+    ("auto", 5120, 2080, True, {"1-16 tokens": W, "other batches": T}, True),  # K % 128: FlashInfer cannot
+    ("flashinfer_trtllm", 5000, 2048, False, {"1-16 tokens": W, "other batches": T}, True),  # N % 64
+    ("triton", 5120, 2048, True, {"1 token": G, "1-16 tokens": W, "other batches": T}, False),
+    ("triton", 14336, 4096, True, {"1 token": G, "other batches": T}, False),  # N > 5120: no weight-only
+    ("triton", 1000, 2080, False, {"1-16 tokens": W, "other batches": T}, False),
+])
+def test_hopper_dense_plans(libraries, flag, n, k, deep_gemm, bands, fallback):
+    libraries(deep_gemm)
+    plan = dense(H200, flag, n, k)
+    assert plan.bands() == bands and plan.fallback == fallback
+
+
+def test_plan_apply_bands_pick_by_batch_size(libraries):
+    libraries(True)
+    plan = dense(H200, "auto", 5120, 2048)
+    assert [plan.kernel_for(m).name for m in (1, 2, 16, 1023, 1024, 8192)] == [G, F, F, F, D, D]
+    plan = dense(H200, "triton", 5120, 2048)
+    assert [plan.kernel_for(m).name for m in (1, 2, 16, 17, 4096)] == [G, W, W, T, T]
+
+
+def test_a_float16_model_keeps_bf16_only_kernels_out(libraries):
+    libraries(True)
+    plan = dense(H200, "auto", 5120, 2048, torch.float16)
+    assert plan.bands() == {"1024+ tokens": C, "other batches": F}
+    skipped = dict((e.kernel.name, why) for e, why in plan.skipped)
+    assert skipped[D] == "a float16 model (DeepGEMM writes bf16)" and "float16" in skipped[G]
+
+
+def test_deepgemm_shadows_cublas_and_both_name_why(libraries):
+    libraries(True)
+    plan = dense(H200, "auto", 5120, 2048)
+    assert dict((e.kernel.name, why) for e, why in plan.skipped) == {C: "its batches go to deepgemm"}
+    assert plan.explain().endswith("[not cublas: its batches go to deepgemm]")
+
+
+def test_precompile_ranges_leave_out_what_other_kernels_take(libraries):
+    libraries(True)
+    plan = dense(H200, "auto", 5120, 2048)
+    assert [(e.kernel.name, lo, hi) for e, lo, hi in plan.ranges(8192)] == [(G, 1, 1), (D, 1024, 8192), (F, 2, 1023)]
+    assert [(e.kernel.name, lo, hi) for e, lo, hi in plan.ranges(512)] == [(G, 1, 1), (F, 2, 512)]
+
+
+@pytest.mark.parametrize("kernel,n,k,why", [
+    (r.FLASHINFER_SM90, 5120, 2080, "needs K % 128 == 0 and N % 64 == 0 (N=5120, K=2080)"),
+    (r.FLASHINFER_SM90, 5000, 2048, "needs K % 128 == 0 and N % 64 == 0 (N=5000, K=2048)"),
+    (r.DEEPGEMM, 5120, 2080, "[5120 x 2080] is not a multiple of 128 in K and 64 in N"),
+    (r.DEEPGEMM, 1000, 2048, "[1000 x 2048] is not a multiple of 128 in K and 64 in N"),
+    (r.CUBLAS, 5120, 2176, "needs whole 128x128 blocks with K / 128 a multiple of 4 (N=5120, K=2176)"),
+    (r.CUBLAS, 1088, 2048, "needs whole 128x128 blocks with K / 128 a multiple of 4 (N=1088, K=2048)"),
+    (r.FLASHINFER_TRTLLM_MXFP8, 5120, 2176, "needs K % 256 == 0 and N >= 128 (N=5120, K=2176)"),
+    (r.FLASHINFER_TRTLLM_MXFP8, 64, 2048, "needs K % 256 == 0 and N >= 128 (N=64, K=2048)"),
+    (r.FLASHINFER_CUTLASS_MXFP8, 64, 2048, "needs N, K >= 128 (N=64, K=2048)"),
+    (r.WEIGHT_ONLY, 14336, 4096, "N = 14336 > 5120, where it measured slower than the W8A8 GEMM"),
+    (r.GEMV_BESIDE_FLASHINFER, 14336, 4096, "[14336 x 4096] is not among the shapes it measured faster on"),
+])
+def test_each_kernel_refuses_what_it_cannot_run(kernel, n, k, why):
+    assert kernel.can_implement(LinearSpec("l", n, k)) == (False, why)
+    assert kernel.can_implement(LinearSpec("l", 5120, 2048 if kernel is not r.WEIGHT_ONLY else 4096))[0] or \
+        kernel is r.GEMV_BESIDE_FLASHINFER
+
+
+@pytest.mark.parametrize("gpu,flag,n,k,bands,fallback", [
+    (B200, "auto", 5120, 2048, {"other batches": "flashinfer_cutlass_mxfp8"}, False),
+    (B200, "flashinfer_trtllm", 5120, 2048, {"other batches": "flashinfer_trtllm_mxfp8"}, False),
+    (B200, "flashinfer_trtllm", 5120, 2080, {"other batches": "flashinfer_cutlass_mxfp8"}, True),  # K % 256
+    (B200, "flashinfer_cutlass", 5120, 2048, {"other batches": "flashinfer_cutlass_mxfp8"}, False),
+    (B200, "triton", 5120, 2048, {"other batches": "sglang_triton_mxfp8"}, False),
+    (RTX, "auto", 5120, 2048, {"other batches": "flashinfer_cutlass_mxfp8"}, False),
+    (RTX, "triton", 5120, 2048, {"other batches": "sglang_triton_mxfp8"}, False),
+    (THOR, "auto", 5120, 2048, {"other batches": "flashinfer_cutlass_mxfp8"}, False),
+])
+def test_blackwell_dense_plans(libraries, gpu, flag, n, k, bands, fallback):
+    plan = dense(gpu, flag, n, k)
+    assert plan.bands() == bands and plan.fallback == fallback
+    assert r.native("linear", gpu, flag) == (flag == "triton")
+
+
+def test_trtllm_needs_bf16_output_and_falls_back_with_a_reason(libraries):
+    plan = dense(B200, "flashinfer_trtllm", 5120, 2048, torch.float16)
+    assert plan.base.name == "flashinfer_cutlass_mxfp8" and plan.fallback
+    assert "writes bf16" in plan.explain()
+
+
+def test_a_layer_no_kernel_can_run_is_one_line_naming_each_refusal(libraries):
+    with pytest.raises(Mxfp8ConfigError) as e:
+        dense(B200, "flashinfer_cutlass", 64, 2048)
+    assert str(e.value) == (
+        "model.layers.0.mlp.down_proj [64 x 2048]: no MXFP8 kernel for this layer on NVIDIA B200 (SM100) with flag "
+        "flashinfer_cutlass (flashinfer_cutlass_mxfp8: needs N, K >= 128 (N=64, K=2048)); keep this layer BF16 "
+        "(modules_to_not_convert)")
+
+
+def test_auto_never_picks_trtllm_gen_on_blackwell(libraries):
+    # mm_mxfp8's trtllm backend needs the weight shuffled in place; like vLLM, auto leaves it opt-in
+    for gpu in (B200, RTX, THOR):
+        for n, k in ((5120, 2048), (2048, 4096), (14336, 4096), (256, 256)):
+            assert "flashinfer_trtllm_mxfp8" not in dense(gpu, "auto", n, k).bands().values()
+
+
+def test_without_flashinfer_auto_takes_triton_and_a_named_flashinfer_flag_fails(libraries, monkeypatch):
+    monkeypatch.setattr(platform, "flashinfer_missing", lambda: "FlashInfer is not installed (pip install flashinfer-python)")
+    assert dense(H200, "auto", 512, 512).base.name == T
+    with pytest.raises(Mxfp8ConfigError, match="FlashInfer is not installed"):
+        dense(H200, "flashinfer_trtllm", 512, 512)
+    assert r.flag_choices("linear", H200) == ("auto", "triton")
+
+
+@pytest.mark.parametrize("gpu,flag,match", [
+    (H200, "flashinfer_cutlass", r"^--fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 \(SM90\): no "
+                                 r"such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_trtllm$"),
+    (H200, "deep_gemm", r"--fp8-gemm-backend deep_gemm .*not an MXFP8 dense backend"),
+    (RTX, "flashinfer_trtllm", r"RTX PRO 6000 \(SM120\).*auto, triton, flashinfer_cutlass$"),
+    (A100, "auto", r"NVIDIA A100 \(SM80\) has none"),
+    (L40, "auto", r"NVIDIA L40S \(SM89\) has none"),
+])
+def test_dense_errors_are_one_line_and_name_flag_gpu_choices(libraries, gpu, flag, match):
+    with pytest.raises(Mxfp8ConfigError, match=match) as e:
+        dense(gpu, flag, 512, 512)
+    assert "\n" not in str(e.value)
+
+
+def test_dense_k_not_multiple_of_32_names_layer(libraries):
+    with pytest.raises(Mxfp8ConfigError, match="model.layers.0.mlp.down_proj: K=100"):
+        dense(H200, "auto", 256, 100)
+
+
+def moe(gpu, flag, hidden=2048, intermediate=768, tp=1, settings=DEFAULT, **kw):
+    return r.select_moe(MoESpec("experts", 128, hidden, intermediate, tp=tp, **kw), gpu, flag, settings)
+
+
+@pytest.mark.parametrize("flag,deep_gemm,hidden,intermediate,bands", [
+    ("auto", True, 2048, 768, {"1 token": "moe_gemv", "1024+ tokens": "deepgemm_moe", "other batches": "triton_moe"}),
+    ("triton", False, 2048, 768, {"1 token": "moe_gemv", "2048+ tokens": "cutlass_moe", "other batches": "triton_moe"}),
+    ("auto", True, 4096, 1536, {"1024+ tokens": "deepgemm_moe", "other batches": "triton_moe"}),  # no GEMV measured
+])
+def test_hopper_moe_plans(libraries, flag, deep_gemm, hidden, intermediate, bands):
+    libraries(deep_gemm)
+    plan = moe(H200, flag, hidden, intermediate)
+    assert plan.bands() == bands and plan.base.up_proj_first is False
+
+
+@pytest.mark.parametrize("spec_change,why", [
+    (dict(non_standard="activation gelu (gated True); it runs SiLU-gated experts only"), "activation gelu"),
+    (dict(ep=2), "expert parallel size 2"),
+    (dict(dtype=torch.float16), "a float16 model"),
+])
+def test_moe_layers_our_kernels_cannot_compute_stay_on_triton(libraries, spec_change, why):
+    libraries(True)
+    plan = moe(H200, "auto", **spec_change)
+    if "dtype" in spec_change:  # the CUTLASS grouped MoE takes fp16 too
+        assert plan.bands() == {"2048+ tokens": "cutlass_moe", "other batches": "triton_moe"}
+    else:
+        assert plan.bands() == {"other batches": "triton_moe"}
+    assert all(why in reason for e, reason in plan.skipped if e.kernel.name != "cutlass_moe" or "dtype" not in spec_change)
+
+
+@pytest.mark.parametrize("gpu,flag,base", [
+    (B200, "flashinfer_cutlass", "flashinfer_cutlass_mxfp8_moe"),
+    (B200, "auto", "sglang_flashinfer_trtllm_moe"),
+    (B200, "flashinfer_trtllm_routed", "sglang_flashinfer_trtllm_routed_moe"),
+    (B200, "cutlass", "sglang_cutlass_moe"),
+])
+def test_blackwell_moe_plans(libraries, gpu, flag, base):
+    plan = moe(gpu, flag)
+    assert plan.bands() == {"other batches": base}
+    assert r.native("moe", gpu, flag) == (flag != "flashinfer_cutlass")
+    assert plan.base.up_proj_first == (flag == "flashinfer_cutlass")
+
+
+@pytest.mark.parametrize("gpu,flag,match", [
+    (H200, "flashinfer_trtllm", r"--moe-runner-backend flashinfer_trtllm cannot run MXFP8 on NVIDIA H200 \(SM90\): no "
+                                r"such kernel for this architecture; valid choices on this GPU: auto, triton$"),
+    (H200, "flashinfer_cutlass", r"^--moe-runner-backend flashinfer_cutlass on NVIDIA H200 \(SM90\): FlashInfer's SM90 "
+                                 r"fused_moe module is a JIT build of 181 objects .*; use --moe-runner-backend triton"),
+    (B200, "triton", r"B200 \(SM100\).*auto, flashinfer_cutlass, flashinfer_trtllm, flashinfer_trtllm_routed, cutlass$"),
+    (RTX, "auto", r"no MXFP8 MoE kernel exists for NVIDIA RTX PRO 6000 \(SM120\)"),
+])
+def test_moe_errors(libraries, gpu, flag, match):
+    with pytest.raises(Mxfp8ConfigError, match=match) as e:
+        moe(gpu, flag)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("gpu,hidden,intermediate,tp,match", [
+    (H200, 2048, 96, 1, r"intermediate size 96 is not a multiple of 128, .*; keep this MoE layer BF16 "
+                        r"\(modules_to_not_convert\)\)$"),
+    # a tensor-parallel share: the splits that would work
+    (H200, 2048, 192, 4, r"intermediate size 768 split 4 ways .* leaves 192 per rank, not a multiple of 128, "
+                         r".*--tp / --ep-size = 1, 2, 3 or 6 "),
+    # no split helps a size that is not a multiple of 128 whole
+    (H200, 2048, 48, 2, r"intermediate size 96, 48 per rank, is not a multiple of 128, .*keep this MoE layer BF16"),
+    (B200, 2048, 48, 16, r"intermediate size 768 split 16 ways .* leaves 48 per rank, not a multiple of 32, the MXFP8 "
+                         r"scale block; .* = 1, 2, 3, 4, 6, 8 or 12 "),
+    (B200, 2050, 768, 2, r"hidden size 2050 is not a multiple of 32, the MXFP8 scale block; MXFP8 MoE cannot hold it"),
+])
+def test_moe_sizes_the_kernels_cannot_hold(libraries, gpu, hidden, intermediate, tp, match):
+    with pytest.raises(Mxfp8ConfigError, match=match):
+        moe(gpu, "auto", hidden, intermediate, tp)
+
+
+def test_a_hopper_moe_share_of_128_rows_runs(libraries):
+    assert moe(H200, "auto", 2048, 128, tp=6).base.name == "triton_moe"
+
+
+def test_disabled_kernels_are_skipped_with_the_setting_named(libraries):
+    libraries(True)
+    settings = Settings.from_env({"SGLANG_MXFP8_DISABLED_KERNELS": "gemv, deepgemm,moe_gemv"})
+    plan = dense(H200, "auto", 5120, 2048, settings=settings)
+    assert plan.bands() == {"1024+ tokens": C, "other batches": F}
+    assert ("gemv", "SGLANG_MXFP8_DISABLED_KERNELS lists it") in [(e.kernel.name, why) for e, why in plan.skipped]
+    assert moe(H200, "auto", settings=settings).bands() == {"1024+ tokens": "deepgemm_moe", "other batches": "triton_moe"}
+    with pytest.raises(Mxfp8ConfigError, match=r"--fp8-gemm-backend triton cannot run MXFP8 on NVIDIA H200 \(SM90\): "
+                                               "SGLANG_MXFP8_DISABLED_KERNELS lists it"):
+        dense(H200, "triton", 5120, 2048, settings=Settings(disabled_kernels=frozenset({"triton_w8a8"})))
+
+
+@pytest.mark.parametrize("env,disabled,precompile", [
+    ({}, set(), True),
+    ({"SGLANG_MXFP8_GEMV": "0"}, {"gemv"}, True),
+    ({"SGLANG_MXFP8_GEMV": "1"}, set(), True),
+    ({"SGLANG_MXFP8_CUBLAS_PREFILL": "1"}, {"deepgemm"}, True),  # it asked for cuBLAS over DeepGEMM
+    ({"SGLANG_MXFP8_CUBLAS_PREFILL": "off"}, {"cublas"}, True),
+    ({"SGLANG_MXFP8_MOE_GEMV": "no", "SGLANG_MXFP8_CUTLASS_PREFILL_MOE": "0"}, {"moe_gemv", "cutlass_moe"}, True),
+    ({"SGLANG_MXFP8_FLASHINFER_PRECOMPILE": "0"}, set(), False),
+    ({"SGLANG_MXFP8_PRECOMPILE": "FALSE "}, set(), False),
+    ({"SGLANG_MXFP8_DISABLED_KERNELS": "cublas", "SGLANG_MXFP8_WEIGHT_ONLY": "0"}, {"cublas", "weight_only"}, True),
+])
+def test_settings_read_new_and_deprecated_switches(env, disabled, precompile):
+    s = Settings.from_env(env)
+    assert (set(s.disabled_kernels), s.precompile) == (disabled, precompile)
+    deprecated = [name for name in env if name not in ("SGLANG_MXFP8_DISABLED_KERNELS", "SGLANG_MXFP8_PRECOMPILE")
+                  and not (name == "SGLANG_MXFP8_GEMV" and env[name] == "1")]
+    assert len(s.deprecations) == len(deprecated)
+    assert all("deprecated" in note and "SGLANG_MXFP8_" in note for note in s.deprecations)
+
+
+def test_every_kernel_is_named_once_and_disabling_knows_them():
+    names = r.kernel_names()
+    assert len(names) == len(set(names))
+    assert {"gemv", "weight_only", "triton_w8a8", "flashinfer_sm90", "deepgemm", "cublas", "moe_gemv",
+            "deepgemm_moe", "cutlass_moe", "triton_moe"} <= set(names)
+
+
+def _module_imports(path: Path) -> set:
+    """The sglang_mxfp8 modules ``path`` imports at module level (not inside functions)."""
+    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            if base.startswith("sglang_mxfp8"):
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("sglang_mxfp8"))
+    return found
+
+
+def test_module_imports_have_no_cycles():
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}
+    graph = {m: {i for i in _module_imports(p) if i in modules and i != m} for m, p in modules.items()}
+
+    def visit(m, path):
+        assert m not in path, f"import cycle: {' -> '.join(path[path.index(m):] + [m])}"
+        for dep in graph[m]:
+            visit(dep, path + [m])
+
+    for m in graph:
+        visit(m, [])
+    assert "sglang_mxfp8.kernels.registry" in graph["sglang_mxfp8.cli.doctor"]
+
+
+def test_kernels_are_chosen_in_the_registry_only():
+    """No kernel-name comparison outside kernels/registry.py: a choice lives in the registry as one entry."""
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        for pattern in (".kernel ==", ".kernel !=", ".name ==", "kernel in ("):
+            assert pattern not in text, f"{path.relative_to(PACKAGE)} compares kernel names ({pattern})"
+
+
+def test_deep_gemm_not_installed_is_named():
+    if "deep_gemm" in sys.modules or __import__("importlib").util.find_spec("deep_gemm"):
+        pytest.skip("deep_gemm is installed here")
+    assert platform.deep_gemm_missing("fp8_gemm_nt") == (
+        "deep_gemm does not import (ModuleNotFoundError: No module named 'deep_gemm')")
+
+
+def test_a_deep_gemm_build_without_the_apis_is_refused(monkeypatch):
+    old = types.ModuleType("deep_gemm")  # a build without the dense GEMM or the psum layout
+    old.__version__ = "0.0.1"
+    old.m_grouped_fp8_gemm_nt_contiguous = lambda *a, **kw: None
+    old.m_grouped_fp8_gemm_nt_contiguous.__doc__ = "no such layout"
+    old.get_mk_alignment_for_contiguous_layout = lambda: 128
+    monkeypatch.setitem(sys.modules, "deep_gemm", old)
+    assert platform.deep_gemm_missing("fp8_gemm_nt") == "deep_gemm 0.0.1 has no fp8_gemm_nt"
+    deepgemm_moe = next(e.kernel for e in r.HOPPER_MOE if e.kernel.name == "deepgemm_moe")
+    assert deepgemm_moe.missing(H200) == (
+        "deep_gemm 0.0.1 has no m_grouped_fp8_gemm_nt_contiguous with use_psum_layout")
+    old.m_grouped_fp8_gemm_nt_contiguous.__doc__ = "use_psum_layout: ..."
+    assert deepgemm_moe.missing(H200) is None
+    old.get_mk_alignment_for_contiguous_layout = lambda: 64
+    assert deepgemm_moe.missing(H200) == "deep_gemm's M alignment is 64, not 128"
