@@ -2,8 +2,8 @@
 # Everything that needs the H200, in phases that each fit one 10-minute device command:
 #   bash benchmarks/run_h200.sh kernels   # GPU tests + dense layer benchmark
 #   bash benchmarks/run_h200.sh serve     # tiny Qwen3-MoE: BF16 vs MXFP8 served by stock SGLang, refits
-#   bash benchmarks/run_h200.sh recv|accuracy-prep|accuracy   # real-model gsm8k (see benchmarks/accuracy/ship_gguf.py)
-#   bash benchmarks/run_h200.sh recv|fa3-install              # FlashAttention 3 for the served runs (benchmarks/e2e/ship_fa3.py)
+#   bash benchmarks/run_h200.sh recv|accuracy-prep|accuracy   # real-model gsm8k (see tools/ship_gguf.py)
+#   bash benchmarks/run_h200.sh recv|fa3-install              # FlashAttention 3 for the served runs (tools/ship_fa3.py)
 #   bash benchmarks/run_h200.sh gsm8k     # bench_sglang.py against the real server on a converted tiny model
 #   bash benchmarks/run_h200.sh reliability  # refit soak, refit under load, corrupt refits
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
@@ -29,7 +29,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sglang_mxfp8_out}
 mkdir -p "$OUT"
 if [ "${1:-}" = recv ]; then
-  # one chunk of a large file per command (benchmarks/ship_chunks.py; carry ROOT/cK): the GGUF's (.model/cK, to
+  # one chunk of a large file per command (tools/ship_chunks.py; carry ROOT/cK): the GGUF's (.model/cK, to
   # /tmp/gguf_chunks) or FlashAttention 3's (.fa3/cK, to /tmp/fa3_chunks); kept under /tmp, which outlives the
   # repo folder while the machine stays warm; no .gpu needed
   DEST=${3:-/tmp/gguf_chunks}
@@ -90,7 +90,7 @@ PY
 
 case "${1:-kernels}" in
 fa3-install)
-  python3 benchmarks/e2e/ship_fa3.py install /tmp/fa3_chunks
+  python3 tools/ship_fa3.py install /tmp/fa3_chunks
   ;;
 accuracy-prep)
   # needs accelerate in .gpu/wheels (transformers' GGUF loader asks for it)

@@ -1,4 +1,4 @@
-"""The chunked transfer of files larger than one device command (benchmarks/ship_chunks.py, ship_fa3.py's join):
+"""The chunked transfer of files larger than one device command (tools/ship_chunks.py, ship_fa3.py's join):
 staged chunks, moved as run_h200.sh's recv moves them, join back to the same bytes; a missing chunk is named."""
 
 import hashlib
@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "benchmarks" / "e2e"))
+sys.path.insert(0, str(ROOT / "tools"))
 import ship_chunks  # noqa: E402
 import ship_fa3  # noqa: E402
 

@@ -6,7 +6,7 @@ the served benchmarks ran with ``--attention-backend triton``. xz shrinks it to 
 of 51 MB, one per device command, gathered under /tmp on the still-warm machine, then joined, checked against
 the pinned wheel's digest and put beside sgl_kernel's other ops:
 
-    python benchmarks/e2e/ship_fa3.py stage      # on this machine: .fa3/c1 ... .fa3/c6 (xz: 9 min on 2 cores)
+    python tools/ship_fa3.py stage      # on this machine: .fa3/c1 ... .fa3/c6 (xz: 9 min on 2 cores)
     bash benchmarks/run_h200.sh recv .fa3/c1 /tmp/fa3_chunks     # carry .fa3/c1; then c2 ... c6, back to back
     bash benchmarks/run_h200.sh fa3-install                       # carry .gpu: join, check, install, import
     E2E_FLAGS="--attention-backend fa3" bash benchmarks/run_h200.sh e2e     # both servers on FA3
@@ -21,8 +21,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
 import ship_chunks  # noqa: E402
 
 WHEEL = "sglang-kernel==0.4.4"  # the version .gpu/sgl_kernel_sm90.tgz holds (../shared/gpu/make-wheelhouse.sh)

