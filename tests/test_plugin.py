@@ -291,6 +291,8 @@ for name in ("nan_weight", "missing_scale", "wrong_scale_shape"):
     refit(name)
     assert all(torch.equal(x, y) for x, y in zip(state(), state_b)), name
 refit("A"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
+refit("does_not_exist")  # SGLang answers False without raising, the bad path already set
+refit("nan_weight"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
 refit("nan_weight", stock)
 """
 
@@ -311,5 +313,8 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
                                "[256, 512] needs a scale of shape [256, 16] (one per 32 along K), the checkpoint "
                                "has [256, 15]")
     assert lines[5].startswith("A True A |")
+    # a refit SGLang refuses without raising leaves the served path in place, so the next failure rolls back to it
+    assert lines[6].startswith("does_not_exist False A | Failed to get weights iterator"), lines[6]
+    assert lines[7].startswith("nan_weight False A |") and lines[7].endswith(f"Rolled back to {tmp_path / 'A'}.")
     # stock SGLang: its rollback re-reads the bad path, fails again and raises out of the scheduler call
-    assert lines[6].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
+    assert lines[8].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")

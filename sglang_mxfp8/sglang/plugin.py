@@ -358,13 +358,17 @@ def postprocess_mxfp8_modules(model) -> int:
 
 
 def refit_rollback(original):
-    """Wrap ``ModelRunner.update_weights_from_disk``: a failed refit reloads the checkpoint being served."""
+    """Wrap ``ModelRunner.update_weights_from_disk``: a failed refit reloads the checkpoint being served, and the
+    served checkpoint stays the one a later rollback reloads, whether the refit raised or answered False."""
 
     @functools.wraps(original)
     def update_weights_from_disk(self, model_path, load_format, *args, **kwargs):
         served_path, served_format = self.model_config.model_path, self.server_args.load_format
         try:
-            return original(self, model_path, load_format, *args, **kwargs)
+            ok, message = original(self, model_path, load_format, *args, **kwargs)
+            if not ok:  # refused before loading (no such folder, another loader): nothing was read, and SGLang left
+                self.model_config.model_path = served_path  # the bad path as the one a later rollback re-reads
+            return ok, message
         except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
             logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
             ok, message = original(self, served_path, served_format, *args, **kwargs)
