@@ -203,3 +203,138 @@ def test_doctor_reports_the_startup_hook():
         p = run_python("from sglang_mxfp8.cli import main; main(['doctor', '--gpu', 'h200'])", env)
         assert p.returncode == 0, p.stderr[-2000:]
         assert expected in p.stdout
+
+
+# ---- data safety: the input is only read, the output appears whole or not at all ------------------------------------
+
+def _snapshot(folder):
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["same", "inside input", "holding input"])
+def test_an_output_overlapping_the_input_is_refused_and_the_input_kept(hf_llama, tmp_path, where):
+    import shutil
+
+    src = tmp_path / "model"
+    shutil.copytree(hf_llama, src)
+    before = _snapshot(tmp_path)
+    dst = {"same": src, "inside input": src / "mx", "holding input": tmp_path}[where]
+    with pytest.raises(ConvertError, match="must be apart from the input"):
+        convert(src, dst, force=True, progress=False)
+    assert cli(["convert", str(src), str(dst), "--force"]) == 2
+    assert _snapshot(tmp_path) == before  # nothing deleted, nothing written
+
+
+def test_force_replaces_an_earlier_conversion_only(hf_llama, tmp_path):
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(ConvertError, match="holds files sglang_mxfp8 did not write"):
+        convert(hf_llama, other, force=True, progress=False)
+    assert (other / "keep.txt").read_text() == "mine" and len(list(other.iterdir())) == 1
+    dst = tmp_path / "mx"
+    convert(hf_llama, dst, progress=False)
+    (dst / "stale.bin").write_text("from the earlier conversion's folder")
+    convert(hf_llama, dst, force=True, progress=False)
+    assert not (dst / "stale.bin").exists() and validate(dst) == 14
+    assert json.loads((dst / "mxfp8_conversion.json").read_text())["source"] == str(hf_llama.resolve())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
+
+
+def _index_with(src, tmp_path, shard_name):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(src, model)
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = shard_name
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    return model
+
+
+@pytest.mark.parametrize("shard_name", ["../victim/model.safetensors", "/tmp/elsewhere.safetensors", "sub/x.safetensors",
+                                        "..", "model.bin"])
+def test_shard_names_from_the_index_must_be_plain_files_of_the_input(hf_llama, tmp_path, shard_name):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "model.safetensors").write_bytes(b"another model")
+    model = _index_with(hf_llama, tmp_path, shard_name)
+    with pytest.raises(ConvertError, match="is not a plain \\*.safetensors file name"):
+        convert(model, tmp_path / "mx", progress=False)
+    assert (victim / "model.safetensors").read_bytes() == b"another model" and not (tmp_path / "mx").exists()
+
+
+def test_an_interrupted_conversion_leaves_no_checkpoint(hf_llama, tmp_path, monkeypatch):
+    from sglang_mxfp8.format import convert as conv
+
+    calls = []
+
+    def failing_save(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user's ^C in the middle of the shards
+        return save_file(tensors, path, metadata=metadata)
+
+    from safetensors.torch import save_file
+    monkeypatch.setattr(conv, "save_file", failing_save)
+    with pytest.raises(KeyboardInterrupt):
+        convert(hf_llama, tmp_path / "mx", progress=False)
+    assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary folder
+
+
+def test_other_weight_files_are_not_copied_and_kept_tensors_must_be_finite(hf_llama, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(hf_llama, model)
+    (model / "pytorch_model.bin").write_bytes(b"an old copy of the weights")
+    (model / "tokenizer_config.json").write_text("{}")
+    report = convert(model, tmp_path / "mx", progress=False)
+    assert report.skipped == ["pytorch_model.bin"] and not (tmp_path / "mx" / "pytorch_model.bin").exists()
+    assert (tmp_path / "mx" / "tokenizer_config.json").is_file()
+    shard = next(p for p in sorted(model.glob("*.safetensors")) if "model.norm.weight" in load_file(p))
+    tensors = load_file(shard)
+    tensors["model.norm.weight"][7] = float("inf")
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(ConvertError, match=r"tensor model.norm.weight \(kept unquantized\) holds NaN/Inf"):
+        convert(model, tmp_path / "mx2", progress=False)
+    assert not (tmp_path / "mx2").exists()
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated"])
+def test_corrupt_safetensors_give_one_line_in_convert_and_doctor(hf_llama, tmp_path, capsys, damage):
+    import os
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(hf_llama, model)
+    shard = sorted(model.glob("*.safetensors"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(os.urandom(len(data)) if damage == "random bytes" else data[: len(data) // 2])
+    assert cli(["convert", str(model), str(tmp_path / "mx")]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("convert MXFP8:")]  # the bar
+    assert len(lines) == 1 and lines[0].startswith(f"error: {shard}: not a readable safetensors file (")
+    assert "Traceback" not in err
+    assert not (tmp_path / "mx").exists()
+    mx = tmp_path / "good"
+    convert(hf_llama, mx, progress=False)
+    shard = sorted(mx.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert cli(["doctor", "--gpu", "h200", "--model", str(mx)]) == 1
+    out = capsys.readouterr()
+    assert out.out.splitlines()[-1] == f"error: {shard}: not a readable safetensors file (" + \
+        out.out.splitlines()[-1].split(" (", 1)[1] and "Traceback" not in out.out + out.err
+
+
+def test_invalid_config_json_gives_one_line(hf_llama, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(hf_llama, model)
+    (model / "config.json").write_text("{not json")
+    assert cli(["convert", str(model), str(tmp_path / "mx")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {model / 'config.json'}: not readable JSON (JSONDecodeError")

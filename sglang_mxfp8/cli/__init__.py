@@ -10,11 +10,12 @@ from .. import __version__
 
 
 def convert_cmd(args) -> int:
-    from ..format.convert import ConvertError, convert
+    from ..format.checkpoint import CheckpointError
+    from ..format.convert import convert
 
     try:
         r = convert(args.input, args.output, force=args.force, rounding=args.rounding)
-    except ConvertError as e:
+    except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{args.output}: {len(r.quantized)} tensors quantized to MXFP8, {len(r.kept)} kept, {r.shards} shard(s), "

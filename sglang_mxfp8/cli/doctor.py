@@ -57,7 +57,15 @@ def doctor(args) -> int:
         print(f"  {registry.MOE_FLAG}: valid {', '.join(registry.flag_choices('moe', gpu)) or 'none'}")
     if not args.model:
         return 0
-    ckpt = Path(args.model)
+    try:
+        return checkpoint_report(Path(args.model), gpu, args)
+    except checkpoint.CheckpointError as e:
+        print(f"error: {e}")
+        return 1
+
+
+def checkpoint_report(ckpt: Path, gpu: Optional[GpuSpec], args) -> int:
+    """The checkpoint's format and, for ``gpu``, each layer kind's plan; 1 where a layer cannot run."""
     if not (ckpt / "config.json").is_file():
         print(f"{ckpt}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)")
         return 1

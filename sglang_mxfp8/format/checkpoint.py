@@ -20,6 +20,30 @@ from typing import Any, Dict, List, Mapping, Optional
 MILES = "mxfp8"
 MODELOPT = "modelopt"
 SCALE_NAME = {MILES: "weight_scale_inv", MODELOPT: "weight_scale"}
+# What an SGLang / miles MXFP8 quantization_config may say, field by field (an absent field takes the MXFP8 value)
+MILES_FIELDS = {"fmt": ("e4m3", "float8_e4m3fn"), "scale_fmt": ("ue8m0", "e8m0"), "weight_block_size": ([1, 32],),
+                "activation_scheme": ("dynamic",)}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint this package cannot read as it declares itself (one line naming the file or field)."""
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not readable JSON ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+
+
+def _module_list(section: Mapping[str, Any], key: str, where: str) -> List[str]:
+    value = section.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CheckpointError(f"{where}.{key} must be a list of module names, not {type(value).__name__} "
+                              f"{str(value)[:60]!r}; fix the checkpoint's config")
+    return list(value)
 
 
 @dataclass(frozen=True)
@@ -47,11 +71,16 @@ def detect_mxfp8(cfg: Optional[Mapping[str, Any]]) -> Optional[Mxfp8Format]:
     if not cfg:
         return None
     if is_modelopt_mxfp8(cfg):
-        section = _modelopt_section(cfg)
-        return Mxfp8Format(MODELOPT, list(section.get("exclude_modules") or []))
+        return Mxfp8Format(MODELOPT, _module_list(_modelopt_section(cfg), "exclude_modules", "quantization"))
     if "mxfp8" in str(cfg.get("quant_method") or "").lower():
-        ignored = cfg.get("ignored_layers") or cfg.get("modules_to_not_convert") or []
-        return Mxfp8Format(MILES, list(ignored))
+        for key, allowed in MILES_FIELDS.items():
+            value = cfg.get(key)
+            if value is not None and value not in allowed:
+                raise CheckpointError(
+                    f"quantization_config.{key} = {value!r}: MXFP8 is {allowed[0]!r} (e4m3 values, one ue8m0 scale per "
+                    "1x32 block); this checkpoint is not MXFP8 as it declares, so fix its config or re-export it")
+        key = "ignored_layers" if cfg.get("ignored_layers") is not None else "modules_to_not_convert"
+        return Mxfp8Format(MILES, _module_list(cfg, key, "quantization_config"))
     return None
 
 
@@ -60,13 +89,13 @@ def read_quant_config(model_dir: str | Path) -> Optional[Dict[str, Any]]:
     d = Path(model_dir)
     cfg_path = d / "config.json"
     if cfg_path.is_file():
-        cfg = json.loads(cfg_path.read_text())
+        cfg = read_json(cfg_path)
         q = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
         if q:
             return q
     hf_quant = d / "hf_quant_config.json"
     if hf_quant.is_file():
-        return json.loads(hf_quant.read_text())
+        return read_json(hf_quant)
     return None
 
 
@@ -82,5 +111,5 @@ def has_experts(model_dir: str | Path) -> bool:
     cfg_path = Path(model_dir) / "config.json"
     if not cfg_path.is_file():
         return False
-    cfg = json.loads(cfg_path.read_text())
+    cfg = read_json(cfg_path)
     return any((c or {}).get(k) for c in (cfg, cfg.get("text_config")) for k in MOE_KEYS)

@@ -9,9 +9,12 @@ about one input shard plus its output (1.6x a 256 MiB shard measured, benchmarks
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
@@ -21,20 +24,23 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from .. import __version__
+from .checkpoint import CheckpointError, read_json
 from .numerics import E8M0_NAN, MX_BLOCK, ScaleRounding, quantize_mxfp8
 
 SKIP = re.compile(r"(embed|lm_head|norm|router|mlp\.gate\.|shared_expert_gate|eh_proj|weights_proj)")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-class ConvertError(RuntimeError):
-    pass
+class ConvertError(CheckpointError):
+    """What cannot be converted, or where the output cannot go (one line naming the file or tensor)."""
 
 
 @dataclass
 class ConvertReport:
     quantized: List[str] = field(default_factory=list)
     kept: List[str] = field(default_factory=list)
+    skipped: List[str] = field(default_factory=list)  # the input's files in other weight formats, not copied
     shards: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
@@ -63,39 +69,108 @@ def quantization_config(not_converted: List[str]) -> Dict:
     }
 
 
+# Files of other weight formats are not copied: the output holds the MXFP8 weights alone.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".npz", ".pkl")
+MARKER = "mxfp8_conversion.json"  # written into every output; --force replaces only a folder that holds it
+
+
+@contextlib.contextmanager
+def open_shard(path: Path):
+    """safe_open, with a one-line ConvertError naming the file for one that is not a whole safetensors file."""
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: corrupt, truncated or missing
+        raise ConvertError(f"{path}: not a readable safetensors file ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:120]})") from None
+    with handle as f:
+        yield f
+
+
 def _shards(src: Path) -> List[str]:
+    """The checkpoint's safetensors files: those its index names (plain file names in ``src`` only), else *.safetensors."""
     index = src / "model.safetensors.index.json"
     if index.is_file():
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ConvertError(f"{index}: no weight_map; pass a Hugging Face checkpoint folder")
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            if not isinstance(name, str) or Path(name).name != name or name in (".", "..") or not name.endswith(".safetensors"):
+                raise ConvertError(f"{index}: shard {name!r} is not a plain *.safetensors file name in the checkpoint folder")
+            if not (src / name).is_file():
+                raise ConvertError(f"{index}: shard {name} is not in {src}")
+        return names
     shards = sorted(p.name for p in src.glob("*.safetensors"))
     if not shards:
         raise ConvertError(f"{src}: no *.safetensors files; pass a Hugging Face checkpoint folder")
     return shards
 
 
+def _check_output(src: Path, dst: Path, force: bool) -> None:
+    """Refuse an output that is the input, lies inside it or holds it, or holds files we did not write."""
+    s, d = src.resolve(), dst.resolve()
+    if s == d or s in d.parents or d in s.parents:
+        raise ConvertError(f"{dst}: the output folder must be apart from the input {src} (not it, inside it, nor holding it)")
+    if d.exists() and not d.is_dir():
+        raise ConvertError(f"{dst} exists and is not a folder; choose a new or empty folder")
+    if d.is_dir() and any(d.iterdir()):
+        if not force:
+            raise ConvertError(f"{dst} exists and is not empty; pass --force to replace an earlier conversion there")
+        if not (d / MARKER).is_file():
+            raise ConvertError(f"{dst} holds files sglang_mxfp8 did not write (no {MARKER}); --force replaces only an "
+                               "earlier conversion: choose a new or empty folder")
+
+
 def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: ScaleRounding = "ceil",
             progress: bool = True) -> ConvertReport:
+    """Convert checkpoint ``src`` into ``dst``. The input is only read. The output is written into a temporary folder
+    beside ``dst`` and renamed into place once complete and validated, so an interrupted conversion leaves no folder
+    that looks like a checkpoint; ``force`` replaces an earlier conversion (a folder holding our marker) only."""
     src, dst = Path(src), Path(dst)
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise ConvertError(f"{src}: no config.json; pass a Hugging Face checkpoint folder")
-    config = json.loads(cfg_path.read_text())
+    config = read_json(cfg_path)
+    if not isinstance(config, dict):
+        raise ConvertError(f"{cfg_path}: not a model config (a JSON object)")
     if config.get("quantization_config"):
         raise ConvertError(f"{src}: already quantized ({config['quantization_config'].get('quant_method')}); pass the BF16 checkpoint")
-    if dst.exists() and any(dst.iterdir()):
-        if not force:
-            raise ConvertError(f"{dst} exists and is not empty; pass --force to overwrite")
-        shutil.rmtree(dst)
-    dst.mkdir(parents=True, exist_ok=True)
+    _check_output(src, dst, force)
+    shards = _shards(src)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    try:
+        report = _write(src, work, shards, config, rounding, progress)
+        (work / MARKER).write_text(json.dumps({"converted_by": f"sglang_mxfp8 {__version__}", "source": str(src.resolve()),
+                                               "rounding": rounding}, indent=2))
+        _replace(work, dst)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    return report
 
+
+def _replace(work: Path, dst: Path) -> None:
+    """Rename the finished ``work`` folder to ``dst``; an earlier conversion there (checked) is removed after."""
+    old = None
+    if dst.is_dir() and any(dst.iterdir()):
+        old = dst.with_name(f".{dst.name}.replaced-{os.getpid()}")
+        dst.rename(old)
+    elif dst.is_dir():
+        dst.rmdir()
+    work.rename(dst)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def _write(src: Path, dst: Path, shards: List[str], config: Dict, rounding: ScaleRounding, progress: bool) -> ConvertReport:
     report = ConvertReport()
     weight_map: Dict[str, str] = {}
     not_converted = set()
-    shards = _shards(src)
     with tqdm(total=len(shards), desc="convert MXFP8", unit="shard", disable=not progress) as bar:
         for shard in shards:
             out: Dict[str, torch.Tensor] = {}
-            with safe_open(str(src / shard), framework="pt") as f:
+            with open_shard(src / shard) as f:
                 for name in f.keys():
                     t = f.get_tensor(name)
                     report.bytes_in += t.numel() * t.element_size()
@@ -113,6 +188,9 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
                                 f"{src / shard}: {name} has K={t.shape[-1]}, not a multiple of {MX_BLOCK}; every expert "
                                 "projection must be MXFP8 for the fused MoE, so this model cannot be converted"
                             )
+                        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                            raise ConvertError(f"{src / shard}: tensor {name} (kept unquantized) holds NaN/Inf; fix the "
+                                               "checkpoint before converting")
                         out[name] = t
                         report.kept.append(name)
                         if name.endswith(".weight") and t.dim() == 2:
@@ -129,12 +207,17 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
         (dst / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": report.bytes_out}, "weight_map": weight_map}, indent=2)
         )
-    config["quantization_config"] = quantization_config(sorted(not_converted))
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    for p in src.iterdir():
-        if p.is_file() and p.suffix != ".safetensors" and p.name not in ("config.json", "model.safetensors.index.json"):
-            shutil.copy2(p, dst / p.name)
+    for p in sorted(src.iterdir()):
+        if not p.is_file() or p.name in ("config.json", "model.safetensors.index.json"):
+            continue
+        if p.name.endswith(WEIGHT_SUFFIXES):
+            if not p.name.endswith(".safetensors"):
+                report.skipped.append(p.name)
+            continue
+        shutil.copy2(p, dst / p.name)
     validate(dst)
+    config["quantization_config"] = quantization_config(sorted(not_converted))
+    (dst / "config.json").write_text(json.dumps(config, indent=2))  # last: a folder without it is no checkpoint
     return report
 
 
@@ -143,7 +226,7 @@ def validate(ckpt: str | Path) -> int:
     ckpt = Path(ckpt)
     count = 0
     for shard in _shards(ckpt):
-        with safe_open(str(ckpt / shard), framework="pt") as f:
+        with open_shard(ckpt / shard) as f:
             names = set(f.keys())
             for name in names:
                 if not name.endswith(".weight_scale_inv"):

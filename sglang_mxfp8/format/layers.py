@@ -3,7 +3,6 @@ tensor-parallel rank's shard (read from the safetensors headers only)."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -20,13 +19,11 @@ class ShardError(ValueError):
 
 def layer_kinds(ckpt: Path) -> "OrderedDict[str, Tuple[str, int, int, int]]":
     """Quantized tensors grouped by kind (name without layer/expert numbers): (role, N, K, count)."""
-    from safetensors import safe_open
-
-    from .convert import _shards
+    from .convert import _shards, open_shard
 
     kinds: "OrderedDict[str, list]" = OrderedDict()
     for shard in _shards(ckpt):
-        with safe_open(str(ckpt / shard), framework="pt") as f:
+        with open_shard(ckpt / shard) as f:
             names = set(f.keys())
             for name in sorted(names):
                 if not name.endswith((".weight_scale_inv", ".weight_scale")):
@@ -97,7 +94,9 @@ class ServedExperts:
 
 
 def model_config(ckpt: Path) -> dict:
-    config = json.loads((ckpt / "config.json").read_text())
+    from .checkpoint import read_json
+
+    config = read_json(ckpt / "config.json")
     return config.get("text_config") or config
 
 

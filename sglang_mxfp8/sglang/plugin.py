@@ -101,7 +101,7 @@ def is_mxfp8_launch(args) -> bool:
     if args.quantization is None and getattr(args, "model_path", None):
         try:
             return checkpoint.detect_checkpoint(args.model_path) is not None
-        except (OSError, ValueError):
+        except OSError:
             return False
     return False
 
@@ -153,8 +153,11 @@ def patch_server_args() -> None:
     def make(original):
         @functools.wraps(original)
         def _handle_moe_kernel_config(self):
-            if not is_mxfp8_launch(self):
-                return original(self)
+            try:
+                if not is_mxfp8_launch(self):
+                    return original(self)
+            except checkpoint.CheckpointError as e:  # declares MXFP8 but cannot be read as such
+                raise Mxfp8LaunchError(str(e)) from None
             from ..platform import visible_gpu
 
             gpu = visible_gpu()

@@ -1,0 +1,69 @@
+"""An MXFP8 quantization config is read as it declares itself, field by field: what is not MXFP8 [1, 32] e4m3/ue8m0,
+or a module list that is not a list, is refused in one line naming the field, at launch as in doctor."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MILES_QUANT, write_config
+from sglang_mxfp8.format.checkpoint import CheckpointError, detect_mxfp8
+
+
+@pytest.mark.parametrize("field,value", [("weight_block_size", [128, 128]), ("weight_block_size", [1, 16]),
+                                         ("fmt", "e5m2"), ("scale_fmt", "fp32"), ("activation_scheme", "static")])
+def test_fields_that_are_not_mxfp8_are_named(field, value):
+    with pytest.raises(CheckpointError, match=rf"^quantization_config\.{field} = {value!r}: MXFP8 is ".replace("[", r"\[")):
+        detect_mxfp8({**MILES_QUANT, field: value})
+
+
+@pytest.mark.parametrize("key", ["modules_to_not_convert", "ignored_layers"])
+def test_a_module_list_given_as_a_string_is_refused_not_split_into_characters(key):
+    cfg = {k: v for k, v in MILES_QUANT.items() if k != "modules_to_not_convert"}
+    with pytest.raises(CheckpointError, match=rf"quantization_config\.{key} must be a list of module names, not str"):
+        detect_mxfp8({**cfg, key: "lm_head"})
+    assert detect_mxfp8({**cfg, key: ["lm_head"]}).ignored == ["lm_head"]
+    with pytest.raises(CheckpointError, match=r"quantization\.exclude_modules must be a list of module names, not str"):
+        detect_mxfp8({"quantization": {"quant_algo": "MXFP8", "exclude_modules": "lm_head"}})
+
+
+def test_the_mxfp8_spellings_in_use_are_accepted():
+    fmt = detect_mxfp8({**MILES_QUANT, "fmt": "float8_e4m3fn", "scale_fmt": "e8m0"})
+    assert fmt.ignored == ["lm_head"] and fmt.scale_name == "weight_scale_inv"
+    assert detect_mxfp8({"quant_method": "mxfp8"}).ignored == []  # every field absent: MXFP8's values
+
+
+def test_launch_stops_in_one_line_on_a_config_that_is_not_mxfp8(tmp_path):
+    ckpt = write_config(tmp_path / "bad", {**MILES_QUANT, "weight_block_size": [128, 128]})
+    code = ("from sglang.srt.server_args import ServerArgs\n"
+            f"ServerArgs(model_path={str(ckpt)!r}, device='cpu')\n")
+    env = {"PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd="/",
+                       env={**__import__("os").environ, **env})
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == (
+        "sglang_mxfp8: quantization_config.weight_block_size = [128, 128]: MXFP8 is [1, 32] (e4m3 values, one ue8m0 "
+        "scale per 1x32 block); this checkpoint is not MXFP8 as it declares, so fix its config or re-export it")
+    assert "Traceback" not in p.stderr
+
+
+def test_doctor_and_launch_refuse_the_same_moe_flag(tmp_path, capsys):
+    """doctor --gpu h200 --moe-runner-backend flashinfer_cutlass on a MoE checkpoint says what the launch says."""
+    from types import SimpleNamespace
+
+    from sglang_mxfp8.cli import main as cli
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.format.convert import convert
+    from sglang_mxfp8.platform import GpuSpec
+    from sglang_mxfp8.sglang.plugin import Mxfp8LaunchError, validate_launch
+
+    mx = tmp_path / "mx"
+    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
+    assert cli(["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "flashinfer_cutlass"]) == 1
+    moe = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  MoE"))
+    args = SimpleNamespace(fp8_gemm_runner_backend="auto", moe_runner_backend="flashinfer_cutlass", model_path=str(mx))
+    with pytest.raises(Mxfp8LaunchError) as e:
+        validate_launch(args, GpuSpec("NVIDIA H200", 90))
+    assert moe.endswith(f": ERROR {e.value.message}") and "JIT build of 181 objects" in moe
+    assert json.loads((mx / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp8"
