@@ -2,7 +2,9 @@
 
 It looks up the last question of each prompt in GSM8K test and answers: correctly for even
 indices, with no number for indices = 1 mod 4, with a wrong number for indices = 3 mod 4.
-Usage: python gsm8k_test_peer.py PORT [FAILING_INDEX]   (that question gets HTTP 500)
+Usage: python gsm8k_test_peer.py PORT [FAILING_INDEX [MODE]]: that question gets HTTP 500, or with MODE garbage a
+200 answer that is not SGLang's JSON; MODE not_sglang: /get_model_info answers 200 with a web page, as another
+server on the port would.
 """
 
 import json
@@ -29,6 +31,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/get_model_info":
+            if MODE == "not_sglang":
+                return self._send("<html>welcome</html>")
             return self._send({"model_path": "gsm8k-test-peer"})
         self._send({"error": "not found"}, 404)
 
@@ -37,7 +41,7 @@ class Handler(BaseHTTPRequestHandler):
         question = req["text"].rsplit("Question: ", 1)[1].rsplit("\nAnswer:", 1)[0]
         i = INDEX[question]
         if i == FAILING:
-            return self._send({"error": "injected failure"}, 500)
+            return self._send({"unexpected": "shape"}) if MODE == "garbage" else self._send({"error": "injected failure"}, 500)
         gold = ITEMS[i]["answer"].split("####")[-1].strip()
         if i % 2 == 0:
             text = f" Working it out step by step gives {gold}."
@@ -57,6 +61,7 @@ class Server(ThreadingHTTPServer):
 
 
 FAILING = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+MODE = sys.argv[3] if len(sys.argv) > 3 else ""
 
 if __name__ == "__main__":
     Server(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()

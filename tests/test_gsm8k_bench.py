@@ -89,6 +89,37 @@ def test_failed_request_is_counted_not_fatal(tmp_path, capsys):
     assert record["accuracy"] == 0.475 and record["answers"][4] == bench.INVALID
 
 
+def test_an_answer_that_is_not_sglangs_json_is_a_failed_request(tmp_path, capsys):
+    """A 200 answer without SGLang's text field counts as a failed request; the run still scores and writes results."""
+    record, result_file = _run_against_peer(tmp_path, "4", "garbage")
+    out = capsys.readouterr().out
+    assert record["failed_requests"] == 1 and "not SGLang's /generate answer" in out
+    assert record["accuracy"] == 0.475 and json.loads(result_file.read_text().splitlines()[-1])["failed_requests"] == 1
+
+
+def test_a_server_that_is_not_sglang_is_refused(tmp_path):
+    """Another server answering 200 on the port: one error, exit 2, nothing scored (not accuracy 0 and exit 0)."""
+    port = _free_port()
+    peer = subprocess.Popen([sys.executable, str(ROOT / "tests/gsm8k_test_peer.py"), str(port), "-1", "not_sglang"])
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks/gsm8k/bench_sglang.py"), "--num-questions", "2",
+                            "--port", str(port), "--retries", "0", "--result-file", str(tmp_path / "r.jsonl")],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        peer.terminate()
+        peer.wait()
+    assert p.returncode == 2 and "Accuracy" not in p.stdout and not (tmp_path / "r.jsonl").exists()
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"error: the server at http://127.0.0.1:{port} is not SGLang: its /get_model_info answered "
+        "'\"<html>welcome</html>\"', not SGLang's JSON with a model_path; pass the --host/--port of an SGLang server")
+
+
 def test_server_down_is_one_clear_error():
     port = _free_port()
     with pytest.raises(bench.ServerDown, match=f"no SGLang server answers at http://127.0.0.1:{port}"):

@@ -85,13 +85,30 @@ def make_session(retries: int) -> requests.Session:
 
 
 def check_server(session: requests.Session, base: str) -> None:
+    """An SGLang server answers at ``base``: its /get_model_info is JSON naming the model_path it serves."""
     try:
-        session.get(base + "/get_model_info", timeout=10).raise_for_status()
+        r = session.get(base + "/get_model_info", timeout=10)
+        r.raise_for_status()
     except requests.RequestException as e:
         raise ServerDown(
             f"no SGLang server answers at {base} ({type(e).__name__}); start one with "
             "`python -m sglang.launch_server --model-path CKPT --port PORT` and pass --host/--port"
         ) from None
+    try:
+        info = r.json()
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or "model_path" not in info:
+        raise ServerDown(f"the server at {base} is not SGLang: its /get_model_info answered {r.text[:80]!r}, not "
+                         "SGLang's JSON with a model_path; pass the --host/--port of an SGLang server")
+
+
+def generated_text(response: requests.Response) -> Dict:
+    """SGLang's /generate answer: JSON with the generated ``text``; ValueError for anything else."""
+    body = response.json()
+    if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+        raise ValueError(f"not SGLang's /generate answer: {response.text[:120]!r}")
+    return body
 
 
 def load_questions(args) -> List[Dict]:
@@ -145,8 +162,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
             r = session.post(base + "/generate", json={"text": prompt, "sampling_params": sampling},
                              timeout=args.timeout)
             r.raise_for_status()
-            return r.json()
-        except requests.RequestException as e:  # counted and reported: a failed request scores as invalid
+            return generated_text(r)
+        except (requests.RequestException, ValueError) as e:  # counted and reported: a failed request scores as invalid
             failures.append(str(e)[:200])
             return {"text": ""}
 
