@@ -1,8 +1,18 @@
 """sglang_mxfp8: serve MXFP8 checkpoints with stock SGLang on Hopper and Blackwell.
 
-Importing this package is cheap (no torch, no sglang): the startup hook imports it in every
-Python process. The SGLang integration lives in :mod:`sglang_mxfp8.plugin`.
+Importing this package is cheap (no torch, no sglang, no logging): the startup hook imports it in every
+Python process. The SGLang integration lives in :mod:`sglang_mxfp8.sglang`.
 """
 
 __version__ = "0.1.0"
 SUPPORTED_SGLANG = "0.5.10.post1"
+DISABLE_ENV = "SGLANG_MXFP8_DISABLE"
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+
+def parse_switch(value):
+    """1/true/yes/on -> True, 0/false/no/off -> False (any case, spaces ignored); unset or other -> None."""
+    value = (value or "").strip().lower()
+    return True if value in _ON else False if value in _OFF else None

@@ -18,14 +18,12 @@ import os
 from dataclasses import dataclass, field
 from typing import FrozenSet, Mapping, Tuple
 
+from . import DISABLE_ENV, parse_switch
+
 logger = logging.getLogger("sglang_mxfp8")
 
-DISABLE_ENV = "SGLANG_MXFP8_DISABLE"
 DISABLED_KERNELS_ENV = "SGLANG_MXFP8_DISABLED_KERNELS"
 PRECOMPILE_ENV = "SGLANG_MXFP8_PRECOMPILE"
-
-_ON = ("1", "true", "yes", "on")
-_OFF = ("0", "false", "no", "off")
 
 # Deprecated switch -> {value it was set to: kernels that value disables}. "precompile" stands for PRECOMPILE_ENV=0.
 DEPRECATED: Mapping[str, Mapping[bool, Tuple[str, ...]]] = {
@@ -39,12 +37,6 @@ DEPRECATED: Mapping[str, Mapping[bool, Tuple[str, ...]]] = {
     "SGLANG_MXFP8_FLASHINFER_PRECOMPILE": {False: ("precompile",)},
     "SGLANG_MXFP8_DEEPGEMM_PRECOMPILE": {False: ("precompile",)},
 }
-
-
-def parse_switch(value: str | None):
-    """1/true/yes/on -> True, 0/false/no/off -> False (any case, spaces ignored); unset or other -> None."""
-    value = (value or "").strip().lower()
-    return True if value in _ON else False if value in _OFF else None
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,15 @@
 """Startup hook run by ``sglang_mxfp8.pth`` in every interpreter.
 
-It imports nothing heavy: it only installs an import hook that applies :mod:`sglang_mxfp8.sglang.plugin`'s
-patches right after SGLang's own modules finish importing, so the scheduler process that SGLang
-spawns gets them too. ``SGLANG_MXFP8_DISABLE=1`` turns everything off.
+It imports nothing heavy, since every Python start in the environment pays for it (not ``importlib.abc``, not
+``logging``; benchmarks/startup/bench_startup_hook.py times it): it only installs an import hook that applies
+:mod:`sglang_mxfp8.sglang.plugin`'s patches right after SGLang's own modules finish importing, so the scheduler process
+that SGLang spawns gets them too. ``SGLANG_MXFP8_DISABLE=1`` turns everything off.
 """
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 
-from sglang_mxfp8.settings import DISABLE_ENV, parse_switch
+from sglang_mxfp8 import DISABLE_ENV, parse_switch
 
 # Module whose import triggers patching -> the plugin function that patches it.
 WATCHED = {
@@ -33,7 +32,10 @@ def _run_patch(module_name: str) -> None:
     getattr(plugin, WATCHED[module_name])()
 
 
-class _PatchingLoader(importlib.abc.Loader):
+class _PatchingLoader:
+    """The watched module's own loader, with the patch run after the module executes (the import system needs only
+    create_module and exec_module of a loader)."""
+
     def __init__(self, loader, name):
         self._loader = loader
         self._name = name
@@ -49,7 +51,7 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self._loader, item)
 
 
-class SglangImportHook(importlib.abc.MetaPathFinder):
+class SglangImportHook:
     """Wraps the loader of each watched SGLang module so its patch runs after it executes."""
 
     def find_spec(self, fullname, path=None, target=None):
