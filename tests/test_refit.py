@@ -170,3 +170,69 @@ def test_load_tracker_refuses_a_weight_loaded_without_its_scale():
         s13.weight_loader(s13, _u8(8, 3), "experts.1.gate_proj.weight_scale_inv", shard_id="w1", expert_id=1)
     with pytest.raises(ValueError, match=r"experts\.w13_weight scale: checkpoint tensor is torch.float32"):
         s13.weight_loader(s13, torch.ones(8, 2), "experts.0.up_proj.weight_scale_inv", shard_id="w1", expert_id=0)
+
+
+@pytest.mark.parametrize("br", [1, 128])
+def test_a_refit_of_scales_alone_reaches_rows_the_conversion_left_unchanged(br):
+    """Rows whose every 32-block shares its 128-block's exponent are left as loaded by the conversion, so their bytes
+    in memory equal the checkpoint's. A refit whose checkpoint has the same weight bytes and other scales rewrites only
+    the scales: those rows must be converted again from the new scales (the value, not the bytes, changed)."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(256, 256, generator=g)
+    w = w / w.abs().reshape(256, 8, 32).amax(-1).repeat_interleave(32, 1) * 400  # each 32-block's amax: 400
+    q, s = quantize_mxfp8(w)
+    assert (s == s[0, 0]).all()  # one exponent everywhere: the conversion changes no byte
+    weight, scale = q.clone(), s.clone()
+    conv = BlockScaleConverter(1, 256, 256, br, "cpu", "model.layers.0.mlp.down_proj")
+    assert conv.refresh(weight, scale).changed_elements == 0 and torch.equal(weight.view(torch.uint8), q.view(torch.uint8))
+    s2 = s.clone()
+    s2[:128] += 3  # the first 128 rows' values times 8; their weight bytes as before
+    weight.copy_(q), scale.copy_(s2)  # what the loader writes for that checkpoint
+    conv.refresh(weight, scale)
+    ref = dequantize_mxfp8(q, s2)
+    assert torch.equal(_value(conv, weight[None], br)[0], ref)
+
+
+def test_load_tracker_checks_every_expert_of_w13_and_w2():
+    """A MoE layer's tracker pairs each expert's gate/up (w13: w1, w3) and down (w2) weight with its own scale."""
+    from sglang_mxfp8.format.refit import LoadTracker
+
+    params = {}
+    for name, shape in (("w13", (4, 16, 64)), ("w2", (4, 64, 32))):
+        params[name] = (torch.nn.Parameter(torch.zeros(*shape, dtype=torch.float8_e4m3fn), requires_grad=False),
+                        torch.nn.Parameter(torch.zeros(*shape[:-1], shape[-1] // 32, dtype=torch.uint8), requires_grad=False))
+        for p in params[name]:
+            p.weight_loader = _moe_style_loader_rows
+    tracker = LoadTracker("model.layers.0.mlp.experts", params)
+
+    def load(e, shard, scale=True, weight=True):
+        w, s = params["w2" if shard == "w2" else "w13"]
+        rows, k = w.shape[1] // (1 if shard == "w2" else 2), w.shape[2]
+        if weight:
+            w.weight_loader(w, _fp8(rows, k), f"experts.{e}.{shard}.weight", shard_id=shard, expert_id=e)
+        if scale:
+            s.weight_loader(s, _u8(rows, k // 32), f"experts.{e}.{shard}.weight_scale_inv", shard_id=shard, expert_id=e)
+
+    for e in range(4):
+        for shard in ("w1", "w3", "w2"):
+            load(e, shard, scale=(e, shard) != (3, "w2"))
+    with pytest.raises(ValueError, match=r"experts\.w2_weight: the checkpoint loaded this weight \(shards \('w2', 3\)\) "
+                                         r"without its scale tensor"):
+        tracker.check()
+    for e in range(4):
+        for shard in ("w1", "w3", "w2"):
+            load(e, shard, weight=(e, shard) != (1, "w1"))
+    with pytest.raises(ValueError, match=r"experts\.w13_weight: the checkpoint loaded the scale \(shards \('w1', 1\)\) "
+                                         r"without the weight"):
+        tracker.check()
+    for e in range(4):
+        for shard in ("w1", "w3", "w2"):
+            load(e, shard)
+    tracker.check()
+
+
+def _moe_style_loader_rows(param, loaded_weight, weight_name, shard_id=None, expert_id=None):
+    """FusedMoE.weight_loader's calling convention: w1 into the first half of w13's rows, w3 the second, w2 whole."""
+    rows = loaded_weight.shape[0]
+    start = rows if shard_id == "w3" else 0
+    param.data[expert_id, start : start + rows].copy_(loaded_weight)

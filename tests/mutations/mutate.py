@@ -1,0 +1,107 @@
+"""Deliberate small bugs in the core logic, each applied alone to the source, and the CPU tests that must catch it.
+
+Not run by CI (a few minutes): run it after changing the tests or the code they guard, in the environment .ci/run
+builds. Each mutation replaces one exact snippet (it must occur once), the listed tests run with -x, and a mutation
+the tests pass under is a gap: exit 1. The source file is restored after each run, also on error or ^C.
+
+    python tests/mutations/mutate.py [--only NAME ...]
+"""
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = "sglang_mxfp8/"
+NUMERICS = ["tests/test_numerics.py", "tests/test_numerics_spec.py"]
+REFIT = ["tests/test_refit.py"]
+DISPATCH = ["tests/test_registry.py", "tests/test_moe_plans.py"]
+CONVERT = ["tests/test_convert.py"]
+
+# (name, area, file, snippet, its replacement, the tests that must fail)
+MUTATIONS = [
+    ("ceil-boundary", "numerics", "format/numerics.py", "torch.ldexp(amax, -e) > E4M3_MAX", "torch.ldexp(amax, -e) >= E4M3_MAX", NUMERICS),
+    ("floor-exponent", "numerics", "format/numerics.py", "return (exp - 1 - E4M3_EMAX)", "return (exp - E4M3_EMAX)", NUMERICS),
+    ("zero-block-scale", "numerics", "format/numerics.py", "e = torch.where(nonzero, e, torch.zeros_like(e))", "e = e", NUMERICS),
+    ("nan-block-scale", "numerics", "format/numerics.py",
+     "scale = torch.where(finite, scale, torch.full_like(scale, E8M0_NAN))", "scale = scale", NUMERICS),
+    ("e8m0-clamp", "numerics", "format/numerics.py", ".clamp(-E8M0_BIAS, E8M0_BIAS)", ".clamp(-E8M0_BIAS + 1, E8M0_BIAS)", NUMERICS),
+    ("e8m0-decode", "numerics", "format/numerics.py", "(s - E8M0_BIAS).float()", "(s - E8M0_BIAS + 1).float()", NUMERICS),
+    ("refit-scale-only", "refit", "format/refit.py", "fresh = ~untouched | (noop & scale_moved)", "fresh = ~untouched", REFIT),
+    ("refit-stale-rows", "refit", "format/refit.py", "stale = untouched & ~noop", "stale = untouched & noop", REFIT),
+    ("refit-mixed-block", "refit", "format/refit.py", "        if bool(mixed.any()):\n            g, b", "        if False:\n            g, b", REFIT),
+    ("refit-nan-scale", "refit", "format/refit.py", "if bool(torch.any(s == 255)):", "if bool(torch.any(s == 254)):", REFIT),
+    ("refit-converted-count", "refit", "format/refit.py", "return ConversionStats(int(converted.sum()), changed)",
+     "return ConversionStats(0, changed)", REFIT),
+    ("tracker-weight-without-scale", "tracker", "format/refit.py", "                if keys - scales:", "                if False:", REFIT),
+    ("tracker-scale-without-weight", "tracker", "format/refit.py", "                if scales - keys:", "                if False:", REFIT),
+    ("tracker-dtype", "tracker", "format/refit.py", "if loaded_weight.dtype != expected:", "if False:", REFIT),
+    ("tracker-expert-id", "tracker", "format/refit.py", '("shard_id", "loaded_shard_id", "expert_id")',
+     '("shard_id", "loaded_shard_id")', REFIT),
+    ("dispatch-flashinfer-k128", "dispatch", "kernels/linear/flashinfer_sm90.py", "if spec.k % 128 or spec.n % 64:",
+     "if spec.k % 32 or spec.n % 64:", DISPATCH),
+    ("dispatch-cublas-k512", "dispatch", "kernels/linear/cublas.py", "if spec.k % 512 or spec.n % 128:",
+     "if spec.k % 128 or spec.n % 128:", DISPATCH),
+    ("dispatch-trtllm-k256", "dispatch", "kernels/linear/flashinfer_sm100.py", "if spec.k % 256 or spec.n < 128:",
+     "if spec.k % 128 or spec.n < 128:", DISPATCH),
+    ("dispatch-deepgemm-band", "dispatch", "kernels/registry.py", "Entry(DEEPGEMM, 1024,", "Entry(DEEPGEMM, 512,", DISPATCH),
+    ("dispatch-scale-layout", "dispatch", "kernels/base.py", "if ok and e.kernel.scale_rows not in",
+     "if False and e.kernel.scale_rows not in", DISPATCH),
+    ("dispatch-band-edge", "dispatch", "kernels/base.py", "(self.max_m is None or m <= self.max_m)",
+     "(self.max_m is None or m < self.max_m)", DISPATCH),
+    ("dispatch-weight-only-n", "dispatch", "kernels/linear/weight_only.py", "if spec.n > self.max_n:",
+     "if spec.n > 2 * self.max_n:", DISPATCH),
+    ("dispatch-moe-128", "dispatch", "kernels/moe/triton_fused.py", "size_refusal(spec, 128,", "size_refusal(spec, 32,", DISPATCH),
+    ("convert-overlap", "converter I/O", "format/convert.py", "if s == d or s in d.parents or d in s.parents:", "if s == d:", CONVERT),
+    ("convert-force-marker", "converter I/O", "format/convert.py", "        if not (d / MARKER).is_file():",
+     "        if False:", CONVERT),
+    ("convert-shard-name", "converter I/O", "format/convert.py", "Path(name).name != name", "False", CONVERT),
+    ("convert-kept-finite", "conversion", "format/convert.py", "if t.is_floating_point() and not bool(torch.isfinite(t).all()):",
+     "if False:", CONVERT),
+    ("convert-weight-files", "converter I/O", "format/convert.py", "if p.name.endswith(WEIGHT_SUFFIXES):",
+     'if p.name.endswith(".safetensors"):', CONVERT),
+    ("convert-nan-weight", "conversion", "format/convert.py", "if bool((s == E8M0_NAN).any()):", "if False:", CONVERT),
+    ("refit-rollback-path", "refit", "sglang/plugin.py", "                self.model_config.model_path = served_path",
+     "                pass", ["tests/test_plugin.py::test_failed_refit_rolls_back_to_the_served_checkpoint"]),
+    ("config-module-list", "config", "format/checkpoint.py", "if not isinstance(value, list) or",
+     "if not isinstance(value, (list, str)) or", ["tests/test_checkpoint_config.py"]),
+]
+
+
+def run(mutation) -> tuple:
+    name, area, rel, old, new, tests = mutation
+    path = ROOT / PKG / rel
+    source = path.read_text()
+    if source.count(old) != 1:
+        return "stale", f"snippet found {source.count(old)} times in {rel}"
+    try:
+        path.write_text(source.replace(old, new))
+        start = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+        took = time.perf_counter() - start
+    finally:
+        path.write_text(source)
+    failed = next((line.split(" ")[1] for line in p.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
+    return ("caught" if p.returncode != 0 else "MISSED"), f"{took:.0f} s {failed}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="+", help="mutation names")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m[0] in args.only]
+    print("| mutation | area | file | verdict | detail |\n|---|---|---|---|---|", flush=True)
+    verdicts = []
+    for m in chosen:
+        verdict, detail = run(m)
+        verdicts.append(verdict)
+        print(f"| {m[0]} | {m[1]} | {m[2]} | {verdict} | {detail} |", flush=True)
+    print(f"{verdicts.count('caught')} of {len(chosen)} caught")
+    return 0 if all(v == "caught" for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
