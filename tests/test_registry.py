@@ -89,6 +89,18 @@ def test_deepgemm_shadows_cublas_and_both_name_why(libraries):
     assert plan.explain().endswith("[not cublas: its batches go to deepgemm]")
 
 
+def test_a_band_kernel_must_read_the_base_kernels_scale_layout(libraries):
+    """cuBLAS reads 128x128 weight scale blocks: beside a base kernel that writes per-row scales it cannot run."""
+    from sglang_mxfp8.kernels.base import Entry, select
+
+    plan = select(LinearSpec("l", 5120, 2048), H200, "test", (Entry(r.CUBLAS, 1024), Entry(r.TRITON_W8A8)), DEFAULT)
+    assert plan.bands() == {"other batches": "triton_w8a8"}
+    assert [(e.kernel.name, why) for e, why in plan.skipped] == [
+        ("cublas", "reads 128-row weight scale blocks; triton_w8a8 writes 1")]
+    plan = select(LinearSpec("l", 5120, 2048), H200, "test", (Entry(r.CUBLAS, 1024), Entry(r.FLASHINFER_SM90)), DEFAULT)
+    assert plan.bands() == {"1024+ tokens": "cublas", "other batches": "flashinfer_sm90"}
+
+
 def test_precompile_ranges_leave_out_what_other_kernels_take(libraries):
     libraries(True)
     plan = dense(H200, "auto", 5120, 2048)
@@ -107,6 +119,7 @@ def test_precompile_ranges_leave_out_what_other_kernels_take(libraries):
     (r.FLASHINFER_TRTLLM_MXFP8, 64, 2048, "needs K % 256 == 0 and N >= 128 (N=64, K=2048)"),
     (r.FLASHINFER_CUTLASS_MXFP8, 64, 2048, "needs N, K >= 128 (N=64, K=2048)"),
     (r.WEIGHT_ONLY, 14336, 4096, "N = 14336 > 5120, where it measured slower than the W8A8 GEMM"),
+    (r.WEIGHT_ONLY, 6144, 4096, "N = 6144 > 5120, where it measured slower than the W8A8 GEMM"),
     (r.GEMV_BESIDE_FLASHINFER, 14336, 4096, "[14336 x 4096] is not among the shapes it measured faster on"),
 ])
 def test_each_kernel_refuses_what_it_cannot_run(kernel, n, k, why):

@@ -79,7 +79,7 @@ def run(mutation) -> tuple:
     try:
         path.write_text(source.replace(old, new))
         start = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rf", "-p", "no:cacheprovider", *tests],
                            cwd=ROOT, capture_output=True, text=True, timeout=900)
         took = time.perf_counter() - start
     finally:
