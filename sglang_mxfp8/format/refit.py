@@ -227,7 +227,8 @@ class BlockScaleConverter:
             )
 
         changed = 0
-        wg = weight.view(self.groups, self.rows, self.k)
+        # rows are gathered and written back as bytes: torch before 2.10 has no boolean-mask indexing of e4m3 on CPU
+        wg = weight.view(self.groups, self.rows, self.k).view(torch.uint8)
         sg = scale.view(self.groups, self.rows, self.k // MX_BLOCK)
         chunk = max(br, (4096 // br) * br)
         for g in range(self.groups):
@@ -238,11 +239,11 @@ class BlockScaleConverter:
                 if not bool(todo.any()):
                     continue
                 rows_mask = todo.repeat_interleave(br)[: r1 - r0]
-                q = wg[g, r0:r1][rows_mask]
+                q = wg[g, r0:r1][rows_mask].view(weight.dtype)
                 sc = sg[g, r0:r1][rows_mask]
                 exps = block_exponents(q, sc, br)
                 changed += shift_to_block_exponents(q, sc, exps, br)
-                wg[g, r0:r1][rows_mask] = q
+                wg[g, r0:r1][rows_mask] = q.view(torch.uint8)
                 self._exps[g, b0:b1][todo] = exps
         converted = todo_blocks.repeat_interleave(br, dim=1)[:, : self.rows].reshape(-1)
         self._sig_loaded[converted] = cur[converted]
