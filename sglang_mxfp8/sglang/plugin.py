@@ -2,7 +2,8 @@
 
 Applied by the startup hook right after each target module is imported (SGLang 0.5.10.post1 has no
 plugin system), or all at once by :func:`register` (the ``sglang.srt.plugins`` entry point of newer
-SGLang). A patch whose target moved fails loudly with the SGLang version and the missing attribute.
+SGLang). A patch whose target moved is left out with one warning naming the SGLang version and the attribute: SGLang
+then serves every other model as shipped, and an MXFP8 checkpoint is refused with that line.
 
 Patches:
 - ``server_args.moe_kernel_config``: MXFP8 + ``--moe-runner-backend flashinfer_cutlass``/``triton``
@@ -53,10 +54,11 @@ from ..kernels.base import Mxfp8ConfigError
 logger = logging.getLogger("sglang_mxfp8")
 
 APPLIED: Dict[str, str] = {}  # patch name -> "module.attribute" it replaced
+MISSING: Dict[str, str] = {}  # patch name -> why it could not be applied (its warning line)
 
 
 class PatchTargetMissing(RuntimeError):
-    pass
+    """This SGLang lacks what a patch replaces, so MXFP8 checkpoints cannot be served on it (one line)."""
 
 
 def _sglang_version() -> str:
@@ -69,19 +71,31 @@ def _sglang_version() -> str:
 
 
 def _target(owner, attr: str, patch: str):
-    if not hasattr(owner, attr):
-        name = getattr(owner, "__name__", type(owner).__name__)
-        raise PatchTargetMissing(
-            f"sglang_mxfp8 patch {patch!r}: sglang {_sglang_version()} has no {name}.{attr} "
-            f"(this sglang_mxfp8 supports sglang {SUPPORTED_SGLANG}); set SGLANG_MXFP8_DISABLE=1 to run SGLang unpatched"
-        )
-    return getattr(owner, attr)
+    """``owner.attr``, or None where this SGLang moved it: the patch is then left out with one warning, SGLang keeps
+    serving every other model as shipped, and MXFP8 checkpoints are refused with that line (:func:`check_complete`)."""
+    if owner is not None and hasattr(owner, attr):
+        return getattr(owner, attr)
+    if patch not in MISSING:
+        name = getattr(owner, "__name__", type(owner).__name__) if owner is not None else "its module"
+        MISSING[patch] = (f"sglang_mxfp8 patch {patch!r}: sglang {_sglang_version()} has no {name}.{attr} (tested with "
+                          f"sglang {SUPPORTED_SGLANG}); MXFP8 checkpoints cannot be served on this SGLang, other models "
+                          "run as SGLang ships them")
+        logger.warning(MISSING[patch])
+    return None
+
+
+def check_complete() -> None:
+    """Refuse to serve MXFP8 where a patch could not be applied to this SGLang (its one line)."""
+    if MISSING:
+        raise PatchTargetMissing(next(iter(MISSING.values())))
 
 
 def _replace(owner, attr: str, patch: str, make: Callable):
     """Replace ``owner.attr`` by ``make(original)`` once (idempotent across repeated imports)."""
+    if owner is None:  # its class is missing: _target said so already
+        return
     original = _target(owner, attr, patch)
-    if getattr(original, "__sglang_mxfp8_patch__", None) == patch:
+    if original is None or getattr(original, "__sglang_mxfp8_patch__", None) == patch:
         return
     new = make(original)
     new.__sglang_mxfp8_patch__ = patch
@@ -156,7 +170,8 @@ def patch_server_args() -> None:
             try:
                 if not is_mxfp8_launch(self):
                     return original(self)
-            except checkpoint.CheckpointError as e:  # declares MXFP8 but cannot be read as such
+                check_complete()
+            except (checkpoint.CheckpointError, PatchTargetMissing) as e:  # MXFP8 that cannot be served here
                 raise Mxfp8LaunchError(str(e)) from None
             from ..platform import visible_gpu
 
@@ -249,7 +264,7 @@ def patch_quantization() -> None:
     from .quant_methods import Mxfp8Config
 
     methods = _target(quantization, "QUANTIZATION_METHODS", "quantization.mxfp8_config")
-    if methods.get("mxfp8") is not Mxfp8Config:
+    if methods is not None and methods.get("mxfp8") is not Mxfp8Config:
         methods["mxfp8"] = Mxfp8Config
         APPLIED["quantization.mxfp8_config"] = "sglang.srt.layers.quantization.QUANTIZATION_METHODS['mxfp8']"
 

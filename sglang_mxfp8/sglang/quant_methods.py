@@ -30,6 +30,7 @@ from ..kernels.base import LinearSpec, MoESpec, log_once
 from ..kernels.moe.common import non_standard
 from ..platform import current_gpu
 from ..settings import current as current_settings
+from .plugin import check_complete
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -81,6 +82,7 @@ class Mxfp8Config(Fp8Config):
     """Fp8Config for serialized MXFP8 checkpoints (miles/SGLang and ModelOpt), runnable from SM90."""
 
     def __init__(self, *args, scale_name: str = "weight_scale_inv", **kwargs):
+        check_complete()
         super().__init__(*args, **kwargs)
         self.scale_name = scale_name
         _announce_once()
