@@ -5,6 +5,7 @@ Nothing here imports SGLang; torch is imported only by the probes that need it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import sys
@@ -66,8 +67,25 @@ def flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
+_SERVER_LIBRARIES = False  # planning for another machine's server: FlashInfer there, as SGLang installs it
+
+
 def flashinfer_missing() -> Optional[str]:
-    return None if flashinfer_available() else "FlashInfer is not installed (pip install flashinfer-python)"
+    if _SERVER_LIBRARIES or flashinfer_available():
+        return None
+    return "FlashInfer is not installed (pip install flashinfer-python)"
+
+
+@contextlib.contextmanager
+def as_on_a_server():
+    """Plans for a GPU this machine does not have (``doctor --gpu``, the demo's CPU path) take the libraries a stock
+    ``pip install sglang`` brings there: FlashInfer, which SGLang depends on. Optional ones (deep_gemm) stay as probed."""
+    global _SERVER_LIBRARIES
+    previous, _SERVER_LIBRARIES = _SERVER_LIBRARIES, True
+    try:
+        yield
+    finally:
+        _SERVER_LIBRARIES = previous
 
 
 def load_deep_gemm() -> ModuleType:

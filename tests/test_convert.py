@@ -178,12 +178,21 @@ def test_doctor_names_the_dense_prefill_kernel(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out.count("1024+ tokens: deepgemm; other batches: flashinfer_sm90") == 4
 
 
-def test_demo_cpu_path(tmp_path, capsys):
+@pytest.mark.parametrize("flashinfer_here", [True, False])
+def test_demo_cpu_path(tmp_path, capsys, monkeypatch, flashinfer_here):
+    """The demo's CPU path shows what an H200 and a B200 server would run, with the FlashInfer SGLang installs there,
+    also where this machine has none (a fresh `pip install -e .` brings no FlashInfer)."""
+    from sglang_mxfp8 import platform
+
+    monkeypatch.setattr(platform, "flashinfer_available", lambda: flashinfer_here)
     assert cli(["demo", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "56 tensors quantized" in out and "[4/4] done (CPU path)" in out
+    assert "NVIDIA H200 (SM90) --fp8-gemm-backend flashinfer_trtllm: o_proj [512 x 256]: other batches: flashinfer_sm90" in out
     assert "NVIDIA H200 (SM90) --moe-runner-backend auto: experts (8 experts, hidden 256, intermediate 128): " in out
     assert "other batches: triton_moe" in out
+    assert platform.flashinfer_missing() == (None if flashinfer_here else
+                                             "FlashInfer is not installed (pip install flashinfer-python)")
 
 
 def test_tiny_model_tokenizer_travels_with_conversion(tmp_path):

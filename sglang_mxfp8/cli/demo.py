@@ -10,7 +10,7 @@ from typing import List
 from ..format.convert import convert
 from ..kernels import registry
 from ..kernels.base import LinearSpec, MoESpec
-from ..platform import GpuSpec, visible_gpu
+from ..platform import GpuSpec, as_on_a_server, visible_gpu
 from .doctor import KNOWN_GPUS
 from .tiny_model import write_qwen3_moe
 
@@ -59,15 +59,27 @@ def demo(args) -> int:
     gpu = visible_gpu()
     if gpu is None:
         print("[3/4] no GPU here; on a GPU this demo serves the checkpoint with stock SGLang. It would run:")
-        for name in ("h200", "b200"):
-            g = GpuSpec(*KNOWN_GPUS[name])
-            for flag in ("flashinfer_trtllm", "triton"):
-                plan = registry.select_linear(LinearSpec("o_proj", 512, 256), g, flag)
-                print(f"      {g.label} {registry.DENSE_FLAG} {flag}: {plan.explain(skipped=False)}")
-            plan = registry.select_moe(MoESpec("experts", 8, 256, 128), g, "auto")
-            print(f"      {g.label} {registry.MOE_FLAG} auto: {plan.explain(skipped=False)}")
+        with as_on_a_server():
+            _print_plans()
         print("[4/4] done (CPU path)")
         return 0
+    _serve(args, work, gpu, mx, mx2)
+    return 0
+
+
+def _print_plans() -> None:
+    """What an H200 and a B200 server would run for the demo model's shapes, flag by flag."""
+    for name in ("h200", "b200"):
+        g = GpuSpec(*KNOWN_GPUS[name])
+        for flag in ("flashinfer_trtllm", "triton"):
+            plan = registry.select_linear(LinearSpec("o_proj", 512, 256), g, flag)
+            print(f"      {g.label} {registry.DENSE_FLAG} {flag}: {plan.explain(skipped=False)}")
+        plan = registry.select_moe(MoESpec("experts", 8, 256, 128), g, "auto")
+        print(f"      {g.label} {registry.MOE_FLAG} auto: {plan.explain(skipped=False)}")
+
+
+def _serve(args, work: Path, gpu: GpuSpec, mx: Path, mx2: Path) -> None:
+    """Serve the MXFP8 checkpoint with stock SGLang, generate, refit to a second checkpoint, generate again."""
     from .serving import Server
 
     write_qwen3_moe(work / "step2-bf16", seed=1)
@@ -84,8 +96,5 @@ def demo(args) -> int:
         print(f"      /update_weights_from_disk -> {code} {body.get('message')}; first prompt -> {after[0]['ids']}")
     finally:
         s.stop()
-    lines = [l for l in s.log.read_text().splitlines() if "sglang_mxfp8" in l]
+    lines = [line for line in s.log.read_text().splitlines() if "sglang_mxfp8" in line]
     print("[4/4] plugin log lines from the server:\n      " + "\n      ".join(lines[:6]))
-    return 0
-
-

@@ -45,7 +45,16 @@ def startup_hook_status() -> str:
 
 
 def doctor(args) -> int:
+    from ..platform import as_on_a_server, visible_gpu
+
     gpu = gpu_from_arg(args.gpu)
+    if gpu is not None and gpu != visible_gpu():  # another machine's server: the libraries SGLang brings there
+        with as_on_a_server():
+            return report(args, gpu)
+    return report(args, gpu)
+
+
+def report(args, gpu: Optional[GpuSpec]) -> int:
     print(f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')}  flashinfer {_pkg('flashinfer-python')}  torch {_pkg('torch')}")
     print(f"startup hook: {startup_hook_status()}")
     print(f"kernels: {', '.join(registry.kernel_names())} (SGLANG_MXFP8_DISABLED_KERNELS=name,... turns any off)")
