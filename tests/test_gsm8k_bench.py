@@ -1,5 +1,6 @@
 """The offline gsm8k benchmark: answer extraction, prompts, scoring, and a run against a real HTTP peer."""
 
+import contextlib
 import importlib.util
 import json
 import socket
@@ -53,7 +54,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_against_peer(tmp_path, *peer_args):
+@contextlib.contextmanager
+def _peer(*peer_args):
+    """The test peer serving on a free port (yields the port), stopped afterwards."""
     port = _free_port()
     peer = subprocess.Popen([sys.executable, str(ROOT / "tests/gsm8k_test_peer.py"), str(port), *peer_args])
     try:
@@ -63,12 +66,17 @@ def _run_against_peer(tmp_path, *peer_args):
                 break
             except OSError:
                 time.sleep(0.1)
-        result_file = tmp_path / "r.jsonl"
-        record = bench.main(["--num-questions", "40", "--num-shots", "3", "--parallel", "8", "--port", str(port),
-                             "--result-file", str(result_file), "--retries", "0"])
+        yield port
     finally:
         peer.terminate()
         peer.wait()
+
+
+def _run_against_peer(tmp_path, *peer_args):
+    with _peer(*peer_args) as port:
+        result_file = tmp_path / "r.jsonl"
+        record = bench.main(["--num-questions", "40", "--num-shots", "3", "--parallel", "8", "--port", str(port),
+                             "--result-file", str(result_file), "--retries", "0"])
     return record, result_file
 
 
@@ -99,21 +107,10 @@ def test_an_answer_that_is_not_sglangs_json_is_a_failed_request(tmp_path, capsys
 
 def test_a_server_that_is_not_sglang_is_refused(tmp_path):
     """Another server answering 200 on the port: one error, exit 2, nothing scored (not accuracy 0 and exit 0)."""
-    port = _free_port()
-    peer = subprocess.Popen([sys.executable, str(ROOT / "tests/gsm8k_test_peer.py"), str(port), "-1", "not_sglang"])
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with _peer("-1", "not_sglang") as port:
         p = subprocess.run([sys.executable, str(ROOT / "benchmarks/gsm8k/bench_sglang.py"), "--num-questions", "2",
                             "--port", str(port), "--retries", "0", "--result-file", str(tmp_path / "r.jsonl")],
                            capture_output=True, text=True, timeout=120)
-    finally:
-        peer.terminate()
-        peer.wait()
     assert p.returncode == 2 and "Accuracy" not in p.stdout and not (tmp_path / "r.jsonl").exists()
     assert p.stderr.strip().splitlines()[-1] == (
         f"error: the server at http://127.0.0.1:{port} is not SGLang: its /get_model_info answered "

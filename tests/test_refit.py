@@ -213,21 +213,21 @@ def test_load_tracker_checks_every_expert_of_w13_and_w2():
         if scale:
             s.weight_loader(s, _u8(rows, k // 32), f"experts.{e}.{shard}.weight_scale_inv", shard_id=shard, expert_id=e)
 
-    for e in range(4):
-        for shard in ("w1", "w3", "w2"):
-            load(e, shard, scale=(e, shard) != (3, "w2"))
+    def load_all(**leave_out):
+        """Every expert's w1, w3 and w2 with their scales; ``scale`` / ``weight``: the (expert, shard) left out."""
+        for e in range(4):
+            for shard in ("w1", "w3", "w2"):
+                load(e, shard, **{part: (e, shard) != leave_out.get(part) for part in ("scale", "weight")})
+
+    load_all(scale=(3, "w2"))
     with pytest.raises(ValueError, match=r"experts\.w2_weight: the checkpoint loaded this weight \(shards \('w2', 3\)\) "
                                          r"without its scale tensor"):
         tracker.check()
-    for e in range(4):
-        for shard in ("w1", "w3", "w2"):
-            load(e, shard, weight=(e, shard) != (1, "w1"))
+    load_all(weight=(1, "w1"))
     with pytest.raises(ValueError, match=r"experts\.w13_weight: the checkpoint loaded the scale \(shards \('w1', 1\)\) "
                                          r"without the weight"):
         tracker.check()
-    for e in range(4):
-        for shard in ("w1", "w3", "w2"):
-            load(e, shard)
+    load_all()
     tracker.check()
 
 
