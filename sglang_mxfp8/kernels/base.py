@@ -30,6 +30,8 @@ logger = logging.getLogger("sglang_mxfp8")
 
 Check = Tuple[bool, str]
 OK: Check = (True, "")
+DENSE_FLAG = "--fp8-gemm-backend"
+MOE_FLAG = "--moe-runner-backend"
 
 
 class Mxfp8ConfigError(ValueError):

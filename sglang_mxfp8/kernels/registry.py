@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 from ..platform import GpuSpec
 from ..settings import DISABLED_KERNELS_ENV, Settings
 from ..settings import current as current_settings
-from .base import Entry, Kernel, LinearSpec, MoESpec, Mxfp8ConfigError, Plan, log_once, select
+from .base import DENSE_FLAG, MOE_FLAG, Entry, Kernel, LinearSpec, MoESpec, Mxfp8ConfigError, Plan, log_once, select
 from .linear.cublas import CublasBlockScale
 from .linear.deepgemm import DeepGemmDense
 from .linear.flashinfer_sm90 import FlashInferSm90
@@ -30,8 +30,6 @@ from .moe.gemv import GemvMoE
 from .moe.sglang_native import SglangNativeMoE
 from .moe.triton_fused import TritonFusedMoE
 
-DENSE_FLAG = "--fp8-gemm-backend"
-MOE_FLAG = "--moe-runner-backend"
 DENSE_FLAGS = ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass")
 MOE_FLAGS = ("auto", "triton", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_trtllm_routed", "cutlass")
 

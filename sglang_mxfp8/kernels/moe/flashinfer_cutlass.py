@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
 from ... import platform
-from ..base import OK, MoEKernel
-
-MOE_FLAG = "--moe-runner-backend"
+from ..base import MOE_FLAG, OK, MoEKernel
 
 
 class FlashInferCutlassMxfp8MoE(MoEKernel):
