@@ -81,6 +81,30 @@ def test_from_config_reads_both_flavours():
     assert p.stdout.splitlines() == ["True weight_scale_inv [1, 32] True", "True weight_scale [1, 32] True"]
 
 
+def test_a_patch_whose_imports_moved_leaves_sglang_importable():
+    """A patch whose imports fail on this SGLang (SGLang 0.5.23 has no is_in_piecewise_cuda_graph, which our quant
+    methods import; the patch function here raises what that import raises there): the patch is left out with one
+    warning, and SGLang's own import, which runs the patch from the import hook, goes through (it raised before)."""
+    p = run_python(
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING, format='LOG %(message)s', stream=sys.stdout)\n"
+        "from sglang_mxfp8.sglang import plugin\n"
+        "def moved():\n"
+        "    raise ImportError(\"cannot import name 'is_in_piecewise_cuda_graph' from 'sglang.srt.compilation'\")\n"
+        "plugin.patch_quantization = moved\n"
+        "import sglang.srt.layers.quantization as q\n"
+        "from sglang_mxfp8.sglang import plugin\n"
+        "print('stock', q.QUANTIZATION_METHODS['mxfp8'].__module__)\n"
+        "print(sorted(plugin.MISSING))\n"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    log, stock, missing = p.stdout.splitlines()[-3:]
+    assert log.startswith("LOG sglang_mxfp8 patch 'patch_quantization': sglang 0.5.10.post1 fails it (ImportError: "
+                          "cannot import name 'is_in_piecewise_cuda_graph'")
+    assert log.endswith("MXFP8 checkpoints cannot be served on this SGLang, other models run as SGLang ships them")
+    assert stock == "stock sglang.srt.layers.quantization.fp8" and missing == "['patch_quantization']"
+
+
 def test_moved_patch_target_leaves_sglang_stock_and_refuses_mxfp8_in_one_line():
     """A patch target this SGLang moved: one warning, SGLang imports and runs as shipped (BF16 models keep serving);
     an MXFP8 config is then refused with that line."""

@@ -29,7 +29,7 @@ def disabled() -> bool:
 def _run_patch(module_name: str) -> None:
     from sglang_mxfp8.sglang import plugin
 
-    getattr(plugin, WATCHED[module_name])()
+    plugin.apply(WATCHED[module_name])
 
 
 class _PatchingLoader:

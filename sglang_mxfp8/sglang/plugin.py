@@ -75,13 +75,26 @@ def _target(owner, attr: str, patch: str):
     serving every other model as shipped, and MXFP8 checkpoints are refused with that line (:func:`check_complete`)."""
     if owner is not None and hasattr(owner, attr):
         return getattr(owner, attr)
-    if patch not in MISSING:
-        name = getattr(owner, "__name__", type(owner).__name__) if owner is not None else "its module"
-        MISSING[patch] = (f"sglang_mxfp8 patch {patch!r}: sglang {_sglang_version()} has no {name}.{attr} (tested with "
-                          f"sglang {SUPPORTED_SGLANG}); MXFP8 checkpoints cannot be served on this SGLang, other models "
-                          "run as SGLang ships them")
-        logger.warning(MISSING[patch])
+    name = getattr(owner, "__name__", type(owner).__name__) if owner is not None else "its module"
+    _missing(patch, f"has no {name}.{attr}")
     return None
+
+
+def _missing(patch: str, what: str) -> None:
+    if patch not in MISSING:
+        MISSING[patch] = (f"sglang_mxfp8 patch {patch!r}: sglang {_sglang_version()} {what} (tested with sglang "
+                          f"{SUPPORTED_SGLANG}); MXFP8 checkpoints cannot be served on this SGLang, other models run as "
+                          "SGLang ships them")
+        logger.warning(MISSING[patch])
+
+
+def apply(patch_function: str) -> None:
+    """Run one ``patch_*`` function of this module. Where this SGLang moved what it imports or replaces, SGLang stays
+    as shipped with one warning, instead of its own import failing (BF16 models keep serving)."""
+    try:
+        globals()[patch_function]()
+    except (ImportError, AttributeError) as e:
+        _missing(patch_function, f"fails it ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
 
 
 def check_complete() -> None:
@@ -435,9 +448,6 @@ def register() -> None:
 
     if current().disabled:
         return
-    patch_server_args()
-    patch_model_config()
-    patch_quantization()
-    patch_loader()
-    patch_moe_configs()
-    patch_model_runner()
+    for patch_function in ("patch_server_args", "patch_model_config", "patch_quantization", "patch_loader",
+                           "patch_moe_configs", "patch_model_runner"):
+        apply(patch_function)
