@@ -224,10 +224,12 @@ class Plan:
 
     def ranges(self, max_m: int) -> List[Tuple[Entry, int, int]]:
         """(entry, smallest, largest batch it serves) for batches of 1..max_m tokens, entries that serve none left out."""
+        edges = sorted({1, max_m + 1} | {m for e in self.entries for m in (e.min_m, (e.max_m or max_m) + 1)
+                                         if 1 <= m <= max_m + 1})
         served: Dict[int, List[int]] = {}
-        for m in range(1, max_m + 1):
-            e = next(i for i, e in enumerate(self.entries) if e.takes(m))
-            served.setdefault(e, [m, m])[1] = m
+        for lo, nxt in zip(edges, edges[1:]):  # between two band edges one entry takes every batch
+            i = next(i for i, e in enumerate(self.entries) if e.takes(lo))
+            served.setdefault(i, [lo, nxt - 1])[1] = nxt - 1
         return [(self.entries[i], lo, hi) for i, (lo, hi) in sorted(served.items())]
 
     # -- what the layer runs -------------------------------------------------------------------------------------
