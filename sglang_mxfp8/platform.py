@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -113,14 +114,25 @@ def deep_gemm_or_why() -> Tuple[Optional[ModuleType], Optional[str]]:
         return None, f"deep_gemm does not import ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
 
 
+def _takes(fn, keyword: str) -> bool:
+    """Whether ``fn`` takes ``keyword``: a Python wrapper's signature (the sgl-deep-gemm wheel) or a binding's
+    docstring, which holds its signature (a source build's pybind functions)."""
+    try:
+        if keyword in inspect.signature(fn).parameters:
+            return True
+    except (TypeError, ValueError):  # a builtin without a signature
+        pass
+    return keyword in (fn.__doc__ or "")
+
+
 def deep_gemm_missing(api: str, needs: str = "") -> Optional[str]:
-    """Why ``deep_gemm`` cannot serve ``api`` here (not importable, no such function, or its docstring lacks the
-    ``needs`` keyword), or None."""
+    """Why ``deep_gemm`` cannot serve ``api`` here (not importable, no such function, or it takes no ``needs``
+    keyword), or None."""
     deep_gemm, why = deep_gemm_or_why()
     if why:
         return why
     fn = getattr(deep_gemm, api, None)
-    if fn is None or (needs and needs not in (fn.__doc__ or "")):
+    if fn is None or (needs and not _takes(fn, needs)):
         return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no {api}" + (f" with {needs}" if needs else "")
     return None
 

@@ -370,7 +370,13 @@ def test_a_deep_gemm_build_without_the_apis_is_refused(monkeypatch):
     deepgemm_moe = next(e.kernel for e in r.HOPPER_MOE if e.kernel.name == "deepgemm_moe")
     assert deepgemm_moe.missing(H200) == (
         "deep_gemm 0.0.1 has no m_grouped_fp8_gemm_nt_contiguous with use_psum_layout")
-    old.m_grouped_fp8_gemm_nt_contiguous.__doc__ = "use_psum_layout: ..."
+    old.m_grouped_fp8_gemm_nt_contiguous.__doc__ = "use_psum_layout: ..."  # a source build's binding
+    assert deepgemm_moe.missing(H200) is None
+
+    def wheel_wrapper(a, b, d, grouped_layout, use_psum_layout=False, expected_m_for_psum_layout=None):
+        pass  # the sgl-deep-gemm wheel's Python wrapper: no docstring, the keyword in its signature
+
+    old.m_grouped_fp8_gemm_nt_contiguous = wheel_wrapper
     assert deepgemm_moe.missing(H200) is None
     old.get_mk_alignment_for_contiguous_layout = lambda: 64
     assert deepgemm_moe.missing(H200) == "deep_gemm's M alignment is 64, not 128"
