@@ -380,3 +380,10 @@ def test_a_deep_gemm_build_without_the_apis_is_refused(monkeypatch):
     assert deepgemm_moe.missing(H200) is None
     old.get_mk_alignment_for_contiguous_layout = lambda: 64
     assert deepgemm_moe.missing(H200) == "deep_gemm's M alignment is 64, not 128"
+
+    def unloadable():  # a wheel built for another torch: its ops library fails when first called
+        raise OSError("Could not load this library: /tmp/dg/deep_gemm/_C.so")
+
+    old.get_mk_alignment_for_contiguous_layout = unloadable
+    assert deepgemm_moe.missing(H200) == ("deep_gemm does not run here (OSError: Could not load this library: "
+                                          "/tmp/dg/deep_gemm/_C.so)")

@@ -69,7 +69,10 @@ class DeepGemmPrefillMoE(MoEKernel):
             return why
         from ...ops.triton_sm90 import SEGMENT_ALIGN
 
-        align = platform.load_deep_gemm().get_mk_alignment_for_contiguous_layout()
+        try:
+            align = platform.load_deep_gemm().get_mk_alignment_for_contiguous_layout()
+        except Exception as e:  # noqa: BLE001 - a build whose library does not load here: say why, run without it
+            return f"deep_gemm does not run here ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
         return None if align == SEGMENT_ALIGN else f"deep_gemm's M alignment is {align}, not {SEGMENT_ALIGN}"
 
     def can_implement(self, spec):
