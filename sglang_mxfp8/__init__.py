@@ -12,6 +12,11 @@ _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
 
 
+def error_line(e: BaseException, limit: int = 120) -> str:
+    """An exception as one line: its type and the first line of its message (cut at ``limit``; empty messages too)."""
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:limit]}"
+
+
 def parse_switch(value):
     """1/true/yes/on -> True, 0/false/no/off -> False (any case, spaces ignored); unset or other -> None."""
     value = (value or "").strip().lower()

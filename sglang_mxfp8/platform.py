@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional, Tuple
 
+from . import error_line
+
 SM100_FAMILY = (100, 103, 107)
 SM120_FAMILY = (120, 121)
 
@@ -111,7 +113,7 @@ def deep_gemm_or_why() -> Tuple[Optional[ModuleType], Optional[str]]:
     try:
         return load_deep_gemm(), None
     except Exception as e:  # noqa: BLE001 - not installed, or built for another CUDA: fall back, say why
-        return None, f"deep_gemm does not import ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        return None, f"deep_gemm does not import ({error_line(e)})"
 
 
 def _takes(fn, keyword: str) -> bool:

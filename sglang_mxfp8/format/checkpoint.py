@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from .. import error_line
+
 MILES = "mxfp8"
 MODELOPT = "modelopt"
 SCALE_NAME = {MILES: "weight_scale_inv", MODELOPT: "weight_scale"}
@@ -33,7 +35,7 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+        raise CheckpointError(f"{path}: not readable JSON ({error_line(e)})") from None
 
 
 def _module_list(section: Mapping[str, Any], key: str, where: str) -> List[str]:

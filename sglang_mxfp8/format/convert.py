@@ -24,7 +24,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .. import __version__
+from .. import __version__, error_line
 from .checkpoint import CheckpointError, read_json
 from .numerics import E8M0_NAN, MX_BLOCK, ScaleRounding, quantize_mxfp8
 
@@ -80,8 +80,7 @@ def open_shard(path: Path):
     try:
         handle = safe_open(str(path), framework="pt")
     except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: corrupt, truncated or missing
-        raise ConvertError(f"{path}: not a readable safetensors file ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0][:120]})") from None
+        raise ConvertError(f"{path}: not a readable safetensors file ({error_line(e)})") from None
     with handle as f:
         yield f
 

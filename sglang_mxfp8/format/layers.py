@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from .checkpoint import MOE_KEYS
+
 FUSED_AS_SERVED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
                    "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}
 
@@ -121,8 +123,7 @@ def served_layers(ckpt: Path, tp: int = 1, ep: int = 1) -> List[object]:
         hidden = next(k for kind, (n, k, c) in experts.items() if not kind.endswith("down_proj"))
         inter = next(k for kind, (n, k, c) in experts.items() if kind.endswith("down_proj"))
         prefix = next(iter(experts)).split(".experts.")[0] + ".experts"
-        count = next((config.get(key) for key in ("num_experts", "num_local_experts", "n_routed_experts")
-                      if config.get(key)), 0)
+        count = next((config.get(key) for key in MOE_KEYS if config.get(key)), 0)
         moe_tp = tp // ep  # SGLang: experts split ep ways, each expert's rows tp / ep ways
         if inter % moe_tp:
             out.append(ShardError(f"{prefix}: --tp / --ep-size {moe_tp} does not divide the experts' intermediate "

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Dict, Optional
 
-from .. import SUPPORTED_SGLANG
+from .. import SUPPORTED_SGLANG, error_line
 from ..format import checkpoint
 from ..kernels import registry
 from ..kernels.base import Mxfp8ConfigError
@@ -94,7 +94,7 @@ def apply(patch_function: str) -> None:
     try:
         globals()[patch_function]()
     except (ImportError, AttributeError) as e:
-        _missing(patch_function, f"fails it ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+        _missing(patch_function, f"fails it ({error_line(e, 160)})")
 
 
 def check_complete() -> None:

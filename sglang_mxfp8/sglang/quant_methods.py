@@ -35,16 +35,6 @@ from .plugin import check_complete
 logger = logging.getLogger("sglang_mxfp8")
 
 
-def _announce_once() -> None:
-    if getattr(_announce_once, "done", False):
-        return
-    _announce_once.done = True
-    logger.info(
-        "sglang_mxfp8 %s active in process %s (pid %d)",
-        __version__, multiprocessing.current_process().name, os.getpid(),
-    )
-
-
 def _check_loads(layer) -> None:
     """Refuse a load that wrote a weight without its scale (layers built by hand have no tracker)."""
     tracker = getattr(layer, "mxfp8_loads", None)
@@ -85,7 +75,8 @@ class Mxfp8Config(Fp8Config):
         check_complete()
         super().__init__(*args, **kwargs)
         self.scale_name = scale_name
-        _announce_once()
+        log_once(logging.INFO, f"sglang_mxfp8 {__version__} active in process "
+                               f"{multiprocessing.current_process().name} (pid {os.getpid()})")
 
     def get_min_capability(self) -> int:
         return 90 if self.use_mxfp8 else super().get_min_capability()

@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 
 from ...ops.deepgemm_sm90 import grouped_precompile_ms
-from ... import platform
+from ... import error_line, platform
 from ..base import MoEKernel, precompile_batches
 from .common import standard_experts
 
@@ -72,7 +72,7 @@ class DeepGemmPrefillMoE(MoEKernel):
         try:
             align = platform.load_deep_gemm().get_mk_alignment_for_contiguous_layout()
         except Exception as e:  # noqa: BLE001 - a build whose library does not load here: say why, run without it
-            return f"deep_gemm does not run here ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+            return f"deep_gemm does not run here ({error_line(e)})"
         return None if align == SEGMENT_ALIGN else f"deep_gemm's M alignment is {align}, not {SEGMENT_ALIGN}"
 
     def can_implement(self, spec):
