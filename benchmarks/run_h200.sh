@@ -23,6 +23,8 @@
 #   bash benchmarks/run_h200.sh prefill-host  # eager prefill layers (dense, MoE): GPU time against the host's time to issue each call
 #   bash benchmarks/run_h200.sh piecewise # tiny MXFP8 model served with SGLang's default piecewise CUDA graphs vs without, refits
 #   bash benchmarks/run_h200.sh tp2       # two GPUs (nvidia-h200-x2): --tp 2 vs --tp 1 served, refits at TP2
+#   WHEELS="dirs" SGLANG_SITE=/tmp/sglang_0517 bash benchmarks/run_h200.sh site  # another SGLang release's wheels
+#   SGLANG_SITE=/tmp/sglang_0517 bash benchmarks/run_h200.sh PHASE                # any phase on that release
 # Needs .gpu/ from ../shared/gpu/make-wheelhouse.sh (carried with the command). Results go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,17 +38,41 @@ if [ "${1:-}" = recv ]; then
   mkdir -p "$DEST" && mv "${2:?recv ROOT/cK [DEST]}"/chunk*.bin "$DEST"/ && ls "$DEST" | tr '\n' ' '
   exit
 fi
-source .gpu/bootstrap.sh || exit 1
+if [ "${1:-}" = site ]; then
+  # another SGLang release beside the image's Python, in a folder of its own ($SGLANG_SITE): adds the wheels and
+  # trimmed sglang-kernel (*.tgz) carried this time in the folders $WHEELS (parts of a wheelhouse too large for one
+  # command: make-wheelhouse.sh's output split across commands while the machine stays warm)
+  D=${SGLANG_SITE:?}
+  mkdir -p "$D"
+  for w in ${WHEELS:?}; do
+    for t in "$w"/*.tgz; do [ -f "$t" ] && tar xzf "$t" -C "$D"; done
+    find "$w" -name '*.whl' | xargs -r python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$D"
+  done
+  echo "$D: $(ls "$D" | wc -l) entries"
+  exit
+fi
+if [ -n "${SGLANG_SITE:-}" ]; then  # the release set up by the site phase, instead of .gpu's 0.5.10.post1
+  export PYTHONPATH=$SGLANG_SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+  python3 -c 'import torch, sglang, flashinfer; print("gpu env:", torch.cuda.get_device_name(), "torch", torch.__version__, "sglang", sglang.__version__, "flashinfer", flashinfer.__version__)'
+else
+  source .gpu/bootstrap.sh || exit 1
+fi
 export FLASHINFER_WORKSPACE_BASE=/tmp/fi_cache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 deepgemm_env() {
-  # DeepGEMM for prefill batches (kernels/moe/deepgemm.py, ops/deepgemm_sm90.py). .deepgemm (git-ignored,
+  # DeepGEMM for prefill batches (kernels/moe/deepgemm.py, ops/deepgemm_sm90.py): the sgl-deep-gemm wheel where it is
+  # installed (pip install sglang_mxfp8[deepgemm]; SGLang 0.5.11+ depends on it), else built from source: .deepgemm (git-ignored,
   # carried): DeepGEMM's sources (git clone https://github.com/deepseek-ai/DeepGEMM .deepgemm; checkout 54e2261,
   # without its submodules) with fmt's headers in .deepgemm/third-party/fmt/include (CUTLASS's come from FlashInfer's
   # wheel), and prebuilt/_C.so where an earlier machine of this image built it (the deepgemm phase writes
   # $OUT/deepgemm_C.so); set up in /tmp/deepgemm once per machine.
   local DG=/tmp/deepgemm
+  if python3 -c "import deep_gemm" 2>/dev/null; then
+    python3 -c "import deep_gemm, importlib.metadata as m; print('deep_gemm', deep_gemm.__file__, m.version('sgl-deep-gemm'))"
+    return
+  fi
   if [ ! -f $DG/.built ]; then
     rm -rf $DG && cp -r .deepgemm $DG || return 1
     local FI

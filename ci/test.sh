@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # The tests, on a fresh machine too (README's test command; .ci/run calls it): a pinned CPU virtual environment
 # (ci/requirements.txt + ci/constraints.txt; SGLang installed with --no-deps so its CUDA torch pin never lands on a
-# CPU machine), built once per requirements hash under ~/.cache/sglang_mxfp8 (about 7 minutes and 7 GB the first time),
-# this package installed editable (so its .pth startup hook is live in subprocesses), then pytest. Extra arguments go
-# to pytest.
+# CPU machine), built once per requirements hash under ~/.cache/sglang_mxfp8 (about 7 minutes and 7 GB the first time:
+# PyPI has no CPU-only torch for x86-64 Linux, so the venv holds torch 2.14.1 with its CUDA libraries), this package
+# installed editable (so its .pth startup hook is live in subprocesses), then pytest with the oldest supported SGLang
+# (0.5.10.post1, in the venv), then the tests that touch SGLang again with the newest (ci/newest.txt, a folder on
+# PYTHONPATH; about 1 GB and a minute the first time). Extra arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 KEY=$(cat ci/requirements.txt ci/constraints.txt | sha256sum | cut -c1-12)
 VENV=${SGLANG_MXFP8_VENV:-$HOME/.cache/sglang_mxfp8/venv-$KEY}
+NEWEST=$VENV/sglang-newest-$(sha256sum ci/newest.txt | cut -c1-12)
 if [ ! -f "$VENV/.complete" ]; then
   echo "ci/test.sh: creating $VENV"
   rm -rf "$VENV"
@@ -18,11 +21,27 @@ if [ ! -f "$VENV/.complete" ]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps sglang==0.5.10.post1
   touch "$VENV/.complete"
 fi
+if [ ! -f "$NEWEST/.complete" ]; then
+  echo "ci/test.sh: creating $NEWEST"
+  rm -rf "$NEWEST"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$NEWEST" --only-binary=:all: \
+    --python-version 3.12 --platform manylinux_2_34_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -r ci/newest.txt
+  touch "$NEWEST/.complete"
+fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
-set +e
-"$VENV/bin/python" -m pytest -q tests "$@"
-rc=$?
-set -e
-if [ "$rc" -eq 5 ]; then echo "ci/test.sh: pytest collected no tests"; exit 1; fi
-exit "$rc"
+run_pytest() {  # pytest's exit status, with "collected nothing" (5) as a failure
+  set +e
+  "$@"
+  local rc=$?
+  set -e
+  if [ "$rc" -eq 5 ]; then echo "ci/test.sh: pytest collected no tests"; return 1; fi
+  return "$rc"
+}
+echo "ci/test.sh: all tests, sglang $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
+run_pytest "$VENV/bin/python" -m pytest -q tests "$@" || rc=$?
+SGLANG_TESTS=$(grep -l "sglang\.srt\|sglang_mxfp8\.sglang\|import sglang\|run_python\|set_server_args\|mxfp8_linear" tests/test_*.py)
+echo "ci/test.sh: tests that touch SGLang, sglang $(PYTHONPATH=$NEWEST "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
+PYTHONPATH=$NEWEST run_pytest "$VENV/bin/python" -m pytest -q $SGLANG_TESTS "$@" || rc=$?
+exit "${rc:-0}"

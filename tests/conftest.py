@@ -47,6 +47,12 @@ def set_server_args(**overrides):
     made the process's global server args, as SGLang's scheduler does."""
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
+    if hasattr(ServerArgs, "resolve_once"):  # SGLang >= 0.5.20: construction probes nothing (launchers resolve)
+        if "cuda_graph_max_bs" in overrides:  # renamed cuda_graph_max_bs_decode there
+            overrides["cuda_graph_max_bs_decode"] = overrides.pop("cuda_graph_max_bs")
+        args = ServerArgs(**{"model_path": "dummy", "device": "cpu", **overrides})
+        set_global_server_args_for_scheduler(args)
+        return args
     args = object.__new__(ServerArgs)
     for f in dataclasses.fields(ServerArgs):
         if f.default is not dataclasses.MISSING:

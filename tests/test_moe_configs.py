@@ -19,11 +19,13 @@ from conftest import set_server_args, write_config
 from sglang_mxfp8.sglang import plugin
 
 H200_FP8_BLOCK = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
-SGLANG_CONFIGS = Path(sglang.__file__).parent / "srt/layers/moe/fused_moe_triton/configs"
+SGLANG_CONFIG_MODULE = next(path for path in (Path(sglang.__file__).parent.parent / f"{name.replace('.', '/')}.py"
+                                             for name in plugin.MOVED["moe_config"]) if path.is_file())  # by release
+SGLANG_CONFIGS = SGLANG_CONFIG_MODULE.parent / "configs"
 
 
 def sglang_config_module(triton_version="3.6.0", device="NVIDIA_H200"):
-    path = Path(sglang.__file__).parent / "srt/layers/moe/fused_moe_triton/fused_moe_triton_config.py"
+    path = SGLANG_CONFIG_MODULE
     spec = importlib.util.spec_from_file_location("sglang_moe_config_under_test", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -62,8 +64,10 @@ def test_mxfp8_launch_gets_our_measured_config(miles_ckpt, caplog):
                                   "down_moe"])
 def test_sglang_keeps_its_choice(case, miles_ckpt, tmp_path, monkeypatch):
     serve(write_config(tmp_path / "bf16") if case == "bf16_launch" else miles_ckpt,
-          enable_deterministic_inference=case == "deterministic")
+          enable_deterministic_inference=case == "deterministic",
+          **({"attention_backend": "triton"} if case == "deterministic" else {}))  # one SGLang 0.5.23 allows for it
     if case == "config_dir_env":
+        (tmp_path / "configs").mkdir()  # a config folder with none for this layer
         monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path))
     module = sglang_config_module(triton_version="3.5.1" if case == "other_triton" else "3.6.0",
                                   device="NVIDIA_H100_80GB_HBM3" if case == "other_gpu" else "NVIDIA_H200")

@@ -11,13 +11,16 @@ from conftest import REPO, run_python
 CODE = r"""
 import torch
 import sglang.srt.layers.quantization.fp8 as fp8
-from sglang.srt.compilation.piecewise_context_manager import enable_piecewise_cuda_graph
+import sys
 from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
 from sglang_mxfp8.cli.doctor import KNOWN_GPUS
 from sglang_mxfp8.format.numerics import quantize_mxfp8
 from sglang_mxfp8.platform import GpuSpec
 from sglang_mxfp8.sglang import quant_methods
 import conftest
+
+flags = sys.modules[quant_methods.piecewise_graph_flag().__module__]  # where this SGLang keeps the flag
+enable_piecewise_cuda_graph = getattr(flags, "enable_piecewise_cuda_graph", None) or flags.enable_tc_piecewise_cuda_graph
 
 initialize_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))
 quant_methods.current_gpu = lambda: GpuSpec(*KNOWN_GPUS["h200"])  # the kernel choice an H200 gets

@@ -3,15 +3,20 @@
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 
-from conftest import run_python, write_config
+from conftest import QWEN3_MOE_CONFIG, run_python, write_config
 
 PREPARE = """
 from sglang.srt.server_args import prepare_server_args
 a = prepare_server_args(['--model-path', {path!r}, '--quantization', 'mxfp8', '--moe-runner-backend', {moe!r},
                          '--skip-tokenizer-init', '--device', 'cpu'])
+if hasattr(a, 'resolve_once'):  # SGLang >= 0.5.20 resolves at launch, and keeps its decisions beside the input
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+    a.resolve_once()
+    a = resolved_view(a)
 print('MOE=' + a.moe_runner_backend)
 """
 
@@ -60,11 +65,14 @@ def test_model_config_reads_modelopt_mxfp8_as_mxfp8(tmp_path):
         f"m = ModelConfig({str(ckpt)!r})\n"
         "print('Q=' + str(m.quantization))\n"
     )
-    ours = run_python(code)
+    ours = run_python(code + "from sglang_mxfp8.sglang import plugin\nprint(sorted(plugin.KEPT))\n")
     assert ours.returncode == 0, ours.stderr[-3000:]
     assert "Q=mxfp8" in ours.stdout
     stock = run_python(code, {"SGLANG_MXFP8_DISABLE": "1"})
-    assert "Q=modelopt_fp8" in stock.stdout  # the misreading this patch fixes
+    if "Q=mxfp8" in stock.stdout:  # SGLang 0.5.23 reads it right itself: its own piece is kept
+        assert "['model_config.modelopt_mxfp8']" in ours.stdout
+    else:
+        assert "Q=modelopt_fp8" in stock.stdout and "[]" in ours.stdout  # the misreading this patch fixes
 
 
 def test_from_config_reads_both_flavours():
@@ -99,7 +107,7 @@ def test_a_patch_whose_imports_moved_leaves_sglang_importable():
     )
     assert p.returncode == 0, p.stderr[-3000:]
     log, stock, missing = p.stdout.splitlines()[-3:]
-    assert log.startswith("LOG sglang_mxfp8 patch 'patch_quantization': sglang 0.5.10.post1 fails it (ImportError: "
+    assert log.startswith(f"LOG sglang_mxfp8 patch 'patch_quantization': sglang {version('sglang')} fails it (ImportError: "
                           "cannot import name 'is_in_piecewise_cuda_graph'")
     assert log.endswith("MXFP8 checkpoints cannot be served on this SGLang, other models run as SGLang ships them")
     assert stock == "stock sglang.srt.layers.quantization.fp8" and missing == "['patch_quantization']"
@@ -124,9 +132,9 @@ def test_moved_patch_target_leaves_sglang_stock_and_refuses_mxfp8_in_one_line():
         "    print('refused', e)\n"
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    line = ("sglang_mxfp8 patch 'model_config.modelopt_mxfp8': sglang 0.5.10.post1 has no Gone._parse_modelopt_quant_config "
-            "(tested with sglang 0.5.10.post1); MXFP8 checkpoints cannot be served on this SGLang, other models run as "
-            "SGLang ships them")
+    line = (f"sglang_mxfp8 patch 'model_config.modelopt_mxfp8': sglang {version('sglang')} has no "
+            "Gone._parse_modelopt_quant_config (tested with sglang 0.5.10.post1 to 0.5.23); MXFP8 checkpoints cannot be "
+            "served on this SGLang, other models run as SGLang ships them")
     assert p.stdout.splitlines() == [f"LOG {line}", "imported True", f"refused {line}"]
 
 
@@ -215,7 +223,8 @@ def test_modelopt_mxfp8_described_only_by_hf_quant_config(tmp_path):
     assert ours.returncode == 0, ours.stderr[-3000:]
     assert ours.stdout.splitlines() == ["mxfp8 Mxfp8Config", "True weight_scale True"]
     stock = run_python(code, {"SGLANG_MXFP8_DISABLE": "1"})
-    assert stock.stdout.splitlines()[0] == "modelopt_fp8 ModelOptFp8Config"  # stock SGLang misreads it as per-tensor FP8
+    # SGLang up to 0.5.20 misreads it as per-tensor FP8; 0.5.23 reads MXFP8 (with its own Blackwell-only config class)
+    assert stock.stdout.splitlines()[0] in ("modelopt_fp8 ModelOptFp8Config", "mxfp8 Fp8Config")
 
 
 def test_patches_apply_once_and_keep_staticmethods():
@@ -241,6 +250,12 @@ from sglang.srt.server_args import ServerArgs, set_global_server_args_for_schedu
 from sglang.srt.utils import get_available_gpu_memory
 
 def load_stock_update_weights_from_disk():
+    try:  # SGLang >= 0.5.17: a WeightUpdater of the model runner's own, importable on the CPU
+        from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+        fn = WeightUpdater.update_weights_from_disk
+        return getattr(fn, "__wrapped__", fn), WeightUpdater
+    except ImportError:
+        pass
     # model_runner.py imports sgl_kernel (no CPU build): take SGLang's method itself from its source file
     path = Path(sglang.__file__).parent / "srt/model_executor/model_runner.py"
     cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
@@ -249,7 +264,7 @@ def load_stock_update_weights_from_disk():
                  Callable=Callable, DefaultModelLoader=DefaultModelLoader, get_model_loader=get_model_loader,
                  set_default_torch_dtype=set_default_torch_dtype, get_available_gpu_memory=get_available_gpu_memory)
     exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), scope)
-    return scope["update_weights_from_disk"]
+    return scope["update_weights_from_disk"], None
 
 from pathlib import Path
 from typing import Callable, Optional
@@ -265,7 +280,7 @@ from sglang_mxfp8.kernels.base import LinearSpec
 from sglang_mxfp8.platform import GpuSpec
 
 root = Path(sys.argv[1])
-stock = load_stock_update_weights_from_disk()
+stock, WeightUpdater = load_stock_update_weights_from_disk()
 patched = plugin.refit_rollback(stock)
 torch.manual_seed(0)
 ckpts = {}
@@ -299,23 +314,33 @@ class Model(torch.nn.Module):
         for name, t in weights:
             getattr(params[name], "weight_loader", default_weight_loader)(params[name], t)
 
-server_args = object.__new__(ServerArgs)  # SGLang's defaults; __post_init__ would probe a GPU
-for f in dataclasses.fields(ServerArgs):
-    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
-        setattr(server_args, f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
-server_args.model_path = str(root / "A")
+if hasattr(ServerArgs, "resolve_once"):  # SGLang >= 0.5.20: construction probes nothing; publishing reads the config
+    (root / "A" / "config.json").write_text(sys.argv[2])
+    server_args = ServerArgs(model_path=str(root / "A"), device="cpu")
+else:
+    server_args = object.__new__(ServerArgs)  # SGLang's defaults; __post_init__ would probe a GPU
+    for f in dataclasses.fields(ServerArgs):
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            setattr(server_args, f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+    server_args.model_path = str(root / "A")
 set_global_server_args_for_scheduler(server_args)
 runner = types.SimpleNamespace(
     device="cpu", gpu_id=0, model=Model(), load_config=LoadConfig(), server_args=server_args,
     model_config=types.SimpleNamespace(model_path=str(root / "A"), revision=None, dtype=torch.float32, quantization=None,
                                        hf_config=types.SimpleNamespace(architectures=["Qwen3ForCausalLM"])))
 
+target = runner
+if WeightUpdater is not None:  # the real WeightUpdater SGLang builds for its model runner
+    target = WeightUpdater(tp_rank=0, device="cpu", gpu_id=0, model_config=runner.model_config, custom_weight_loaders={},
+                           get_model=lambda: runner.model, update_model_fields=lambda *a, **k: None,
+                           recapture_cuda_graph=lambda: None, get_model_runner=lambda: runner)
+
 def state():
     return layer.weight.view(torch.uint8).clone(), layer.mxfp8_state.converter.block_scale.clone()
 
 def refit(name, fn=patched):
     try:
-        ok, message = fn(runner, str(root / name), "auto")
+        ok, message = fn(target, str(root / name), "auto")
     except Exception as e:
         ok, message = "raised", str(e).splitlines()[0]
     print(name, ok, runner.model_config.model_path.rsplit("/", 1)[-1], "|", message.splitlines()[0])
@@ -334,7 +359,7 @@ refit("nan_weight", stock)
 
 def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     """Real SGLang update_weights_from_disk + loader on real safetensors files, our real linear method (CPU)."""
-    p = subprocess.run([sys.executable, "-c", REFIT_RUNNER, str(tmp_path)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", REFIT_RUNNER, str(tmp_path), json.dumps(QWEN3_MOE_CONFIG)], capture_output=True, text=True,
                        timeout=240, cwd="/")
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.splitlines()

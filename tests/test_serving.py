@@ -4,7 +4,7 @@ parser and its piecewise-graph rule read them."""
 import argparse
 import shlex
 
-from sglang_mxfp8.cli.serving import BASE_FLAGS, launch_flags
+from sglang_mxfp8.cli.serving import BASE_FLAGS, RENAMED_FLAGS, for_this_sglang, launch_flags
 
 
 def sglang_reads(argv: list) -> dict:
@@ -14,24 +14,57 @@ def sglang_reads(argv: list) -> dict:
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    args = object.__new__(ServerArgs)
-    args.__dict__.update(vars(parser.parse_args(["--model-path", "m"] + argv)))
-    if args.enforce_piecewise_cuda_graph:
+    read = vars(parser.parse_args(["--model-path", "m"] + argv))
+    if read.get("enforce_piecewise_cuda_graph"):  # SGLang <= 0.5.17 (0.5.20 dropped the piecewise flags)
+        args = object.__new__(ServerArgs)
+        args.__dict__.update(read)
         args._handle_piecewise_cuda_graph()
-    return vars(args)
+        read = vars(args)
+    return read
+
+
+def sglang_has_flag(flag: str) -> bool:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return any(flag in action.option_strings for action in parser._actions)
 
 
 def test_caller_flags_replace_the_base_flags_they_repeat_or_turn_off():
-    flags = "--cuda-graph-max-bs 128 --enforce-piecewise-cuda-graph --mem-fraction-static=0.5 --fp8-gemm-backend triton"
+    piecewise = sglang_has_flag("--enforce-piecewise-cuda-graph")  # SGLang <= 0.5.17
+    graph_bs = "cuda_graph_max_bs" if piecewise else "cuda_graph_max_bs_decode"  # renamed in 0.5.20
+    flags = (f"--{graph_bs.replace('_', '-')} 128 {'--enforce-piecewise-cuda-graph ' if piecewise else ''}"
+             "--mem-fraction-static=0.5 --fp8-gemm-backend triton")
     argv = launch_flags(BASE_FLAGS, flags)
+    kept = ["--skip-tokenizer-init"] if piecewise else ["--disable-piecewise-cuda-graph", "--skip-tokenizer-init",
+                                                         "--cuda-graph-max-bs", "16"]
     assert argv == ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-                    "--skip-tokenizer-init"] + shlex.split(flags)
+                    *kept] + shlex.split(flags)
     assert launch_flags(BASE_FLAGS, "") == shlex.split(BASE_FLAGS)
-    read = sglang_reads(argv)
-    assert read == sglang_reads(shlex.split(BASE_FLAGS) + shlex.split(flags))  # as both lists one after the other
-    assert read["cuda_graph_max_bs"] == 128 and read["mem_fraction_static"] == 0.5
-    assert read["enforce_piecewise_cuda_graph"] and not read["disable_piecewise_cuda_graph"]
+    read = sglang_reads(for_this_sglang(argv))
+    # as both lists one after the other
+    assert read == sglang_reads(for_this_sglang(shlex.split(BASE_FLAGS) + shlex.split(flags)))
+    assert read[graph_bs] == 128 and read["mem_fraction_static"] == 0.5
+    assert not piecewise or (read["enforce_piecewise_cuda_graph"] and not read["disable_piecewise_cuda_graph"])
     assert read["skip_tokenizer_init"] and read["attention_backend"] == "triton"
+
+
+def test_flags_a_newer_sglang_dropped_become_their_successors():
+    known = {"--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode", "--port"}
+    assert for_this_sglang(["--disable-piecewise-cuda-graph", "--cuda-graph-max-bs=16", "--port", "1"], known) == [
+        "--disable-prefill-cuda-graph", "--cuda-graph-max-bs-decode=16", "--port", "1"]
+    both = known | {"--disable-piecewise-cuda-graph", "--cuda-graph-max-bs"}  # SGLang 0.5.17 parses both
+    assert for_this_sglang(["--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "16"], both) == [
+        "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "16"]
+    assert all(flag in sglang_reads_flags() or successor in sglang_reads_flags()
+               for flag, successor in RENAMED_FLAGS.items())  # one of each pair exists in the installed SGLang
+
+
+def sglang_reads_flags():
+    from sglang_mxfp8.cli.serving import sglang_cli_flags
+
+    return sglang_cli_flags()
 
 
 def test_each_flag_keeps_its_values():

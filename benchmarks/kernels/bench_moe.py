@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 import torch
-from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+from sglang_mxfp8.sglang.plugin import sglang_object
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from triton.testing import do_bench
 
@@ -38,6 +38,8 @@ from gpu_timer import graph_us  # noqa: E402
 from plot_speedup import plot_beside  # noqa: E402
 
 E, H, I, TOPK = 128, 2048, 768, 8
+outplace_fused_experts = sglang_object("fused_experts")  # SGLang's Triton fused MoE, where this SGLang keeps it
+
 MS = [1, 16, 64, 128, 256, 1024, 2048, 4096, 8192]
 WEIGHT_ONLY_MAX = 256  # our weight-only MoE kernel is meant for decode batches
 ONE_TOKEN_ROUTINGS = 16  # one-token graph calls, each with its own experts, so they stream from HBM

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from triton.testing import do_bench
-from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+from sglang_mxfp8.sglang.plugin import sglang_object
 from sglang.srt.layers.quantization.fp8_kernel import sglang_per_token_quant_fp8
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
@@ -40,6 +40,8 @@ from hopper_layers import block_scale, linear  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from plot_speedup import plot_beside  # noqa: E402
+
+outplace_fused_experts = sglang_object("fused_experts")  # SGLang's Triton fused MoE, where this SGLang keeps it
 
 MS = [16, 64, 256, 1024, 2048, 4096, 8192]
 DENSE_MS = [16, 128, 1024, 4096, 8192]

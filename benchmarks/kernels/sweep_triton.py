@@ -113,7 +113,8 @@ def sweep_w8a16(out):
 def qwen3_moe_layer():
     """SGLang's fused MoE (with the server args its kernels read), a seeded generator and the Qwen3-30B-A3B
     layer's experts from bench_moe.experts: (outplace_fused_experts, gen, (w13_16, w2_16, q13, q2, c13, c2))."""
-    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+    from sglang_mxfp8.sglang.plugin import sglang_object
+    outplace_fused_experts = sglang_object("fused_experts")  # where this SGLang keeps it
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     from bench_moe import I, experts  # this folder

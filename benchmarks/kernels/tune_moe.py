@@ -21,12 +21,14 @@ import torch
 import triton
 from sglang.srt.layers.moe.fused_moe_triton import get_config_file_name, override_config
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config import get_moe_configs
-from sglang.srt.layers.moe.fused_moe_triton.fused_moe import outplace_fused_experts
+from sglang_mxfp8.sglang.plugin import sglang_object
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from bench_moe import E, H, I, TOPK, experts, routing, triton_block_fp8  # this folder: the same layer as the MoE benchmark
 from gpu_timer import graph_us
 
+
+outplace_fused_experts = sglang_object("fused_experts")  # SGLang's Triton fused MoE, where this SGLang keeps it
 
 def grid(tokens: int):
     """Configs worth trying at this token count: small M tiles while experts see few tokens each."""

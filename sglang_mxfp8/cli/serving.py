@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import signal
@@ -19,6 +20,9 @@ BASE_FLAGS = (
 )
 # a caller's flag that turns one of the base flags off (SGLang takes the caller's; the command line would show both)
 TURNS_OFF = {"--enforce-piecewise-cuda-graph": "--disable-piecewise-cuda-graph"}
+# flags SGLang 0.5.20 dropped for their successors (0.5.17 takes both): rewritten where the running SGLang lacks them
+RENAMED_FLAGS = {"--disable-piecewise-cuda-graph": "--disable-prefill-cuda-graph",
+                 "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode"}
 PROMPTS = [[1, 17 + i, 300 + 7 * i, 42, 999 - i, 5, 77 + 3 * i, 512] for i in range(8)]
 
 
@@ -46,6 +50,30 @@ def launch_flags(base: str, flags: str) -> list:
     return [token for group in groups(shlex.split(base)) if group[0] not in dropped for token in group] + mine
 
 
+@functools.lru_cache(maxsize=None)
+def sglang_cli_flags() -> frozenset:
+    """Every flag the installed SGLang's launcher parses."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return frozenset(option for action in parser._actions for option in action.option_strings)
+
+
+def for_this_sglang(argv: list, known=None) -> list:
+    """``argv`` with each flag the running SGLang (its parser's flags: ``known``) dropped replaced by its successor."""
+    known = sglang_cli_flags() if known is None else known
+    out = []
+    for token in argv:
+        name, sep, value = token.partition("=")
+        if name in RENAMED_FLAGS and name not in known:
+            token = RENAMED_FLAGS[name] + sep + value
+        out.append(token)
+    return out
+
+
 class Server:
     def __init__(self, name, ckpt, flags, port, log_dir, text=False, env=None):
         """``text``: load the checkpoint's tokenizer (default: input_ids only, --skip-tokenizer-init);
@@ -58,7 +86,7 @@ class Server:
         self.log = Path(log_dir) / f"server_{name}.log"
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--port", str(port)]
         base = BASE_FLAGS.replace(" --skip-tokenizer-init", "") if text else BASE_FLAGS
-        cmd += launch_flags(base, flags)
+        cmd += for_this_sglang(launch_flags(base, flags))
         self.cmd = " ".join([f"{k}={v}" for k, v in (env or {}).items()] + cmd)
         print(f"[{name}] {self.cmd}", flush=True)
         self.t0 = time.time()

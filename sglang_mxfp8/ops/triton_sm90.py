@@ -276,7 +276,9 @@ def moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=No
 def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_and_mul):
     """The launches, for any float activation dtype (Triton's CPU interpreter runs no bf16 dot)."""
     if align is None:
-        from sglang.srt.layers.moe.fused_moe_triton.moe_align_block_size import moe_align_block_size as align
+        from ..sglang.plugin import sglang_object
+
+        align = sglang_object("moe_align_block_size")  # moved in SGLang 0.5.11
     if silu_and_mul is None:
         from sgl_kernel import silu_and_mul
     m, top_k = topk_ids.shape

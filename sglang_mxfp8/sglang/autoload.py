@@ -11,13 +11,14 @@ import sys
 
 from sglang_mxfp8 import DISABLE_ENV, parse_switch
 
-# Module whose import triggers patching -> the plugin function that patches it.
+# Module whose import triggers patching -> the plugin function that patches it (plugin.MOVED: where releases keep them).
 WATCHED = {
     "sglang.srt.server_args": "patch_server_args",
     "sglang.srt.configs.model_config": "patch_model_config",
     "sglang.srt.layers.quantization": "patch_quantization",
     "sglang.srt.model_loader.loader": "patch_loader",
-    "sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config": "patch_moe_configs",
+    "sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config": "patch_moe_configs",  # <= 0.5.10.post1
+    "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config": "patch_moe_configs",  # >= 0.5.11
     "sglang.srt.model_executor.model_runner": "patch_model_runner",
 }
 

@@ -1,15 +1,19 @@
 """Every change sglang_mxfp8 makes to SGLang's behaviour, as named patches.
 
 Applied by the startup hook right after each target module is imported (SGLang 0.5.10.post1 has no
-plugin system), or all at once by :func:`register` (the ``sglang.srt.plugins`` entry point of newer
-SGLang). A patch whose target moved is left out with one warning naming the SGLang version and the attribute: SGLang
-then serves every other model as shipped, and an MXFP8 checkpoint is refused with that line.
+plugin system, and newer SGLang loads its plugins after the launcher has resolved the server arguments), and again,
+idempotently, by :func:`register` (the ``sglang.srt.plugins`` entry point). Each patch probes where the running SGLang
+keeps its target (SGLang moved several between 0.5.10.post1 and 0.5.23; :data:`MOVED` lists them). A patch whose
+target is found nowhere is left out with one warning naming the SGLang version and the attribute: SGLang then serves
+every other model as shipped, and an MXFP8 checkpoint is refused with that line. A SGLang outside the tested range
+gets one warning naming the range, and the patches apply wherever their targets exist.
 
 Patches:
 - ``server_args.moe_kernel_config``: MXFP8 + ``--moe-runner-backend flashinfer_cutlass``/``triton``
   (and ``auto`` on Hopper) is kept instead of being rewritten to ``flashinfer_trtllm``; SGLang's
   "flashinfer_cutlass only for ModelOpt" assert does not apply to MXFP8; impossible flag/GPU
-  combinations fail here with one line.
+  combinations fail here with one line. Up to 0.5.17 it wraps ``ServerArgs._handle_moe_kernel_config``; from
+  0.5.20 SGLang's own resolution hook for that step (``register_resolution_hook``).
 - ``model_config.modelopt_mxfp8``: ModelOpt ``quant_algo: MXFP8`` is MXFP8, not per-tensor FP8.
 - ``quantization.mxfp8_config``: ``QUANTIZATION_METHODS["mxfp8"]`` -> :class:`Mxfp8Config`
   (minimum capability 90, our linear and MoE methods).
@@ -29,24 +33,28 @@ Patches:
   ``benchmarks/kernels/tune_moe.py``), it is used instead; a config SGLang ships for the running
   Triton, ``SGLANG_MOE_CONFIG_DIR``, deterministic inference and launches that are not MXFP8 keep
   SGLang's choice.
-- ``model_runner.tensor_update_postprocess``: SGLang 0.5.10.post1 runs no post-load processing after
-  ``update_weights_from_tensor`` / ``update_weights_from_distributed`` (RL weight sync), so kernel
-  layouts would go stale. Those calls mark the model; the next ``ModelRunner.forward`` (before any
-  CUDA-graph replay) re-runs our idempotent post-processing once for all buckets sent since.
+- ``model_runner.tensor_update_postprocess``: SGLang (0.5.10.post1 to 0.5.23) runs no post-load processing after
+  ``update_weights_from_tensor`` / ``..._distributed`` / ``..._ipc`` (RL weight sync) unless the trainer calls its
+  post-processing endpoint, so kernel layouts would go stale. Those calls mark the model; the next
+  ``ModelRunner.forward`` (before any CUDA-graph replay) re-runs our idempotent post-processing once for all buckets
+  sent since (a post-processing SGLang ran meanwhile changes nothing: it is idempotent). From 0.5.17 the weight
+  updates live on ``WeightUpdater``; both this and the rollback patch follow them there.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Dict, Optional
 
-from .. import SUPPORTED_SGLANG, error_line
+from .. import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG, error_line
 from ..format import checkpoint
 from ..kernels import registry
 from ..kernels.base import Mxfp8ConfigError
@@ -55,6 +63,8 @@ logger = logging.getLogger("sglang_mxfp8")
 
 APPLIED: Dict[str, str] = {}  # patch name -> "module.attribute" it replaced
 MISSING: Dict[str, str] = {}  # patch name -> why it could not be applied (its warning line)
+WARNED = set()  # one-time warnings already logged
+KEPT: Dict[str, str] = {}  # patch name -> why SGLang's own piece is used instead (this SGLang already does it)
 
 
 class PatchTargetMissing(RuntimeError):
@@ -68,6 +78,97 @@ def _sglang_version() -> str:
         return version("sglang")
     except Exception:  # noqa: BLE001 - any failure means "unknown"
         return "unknown"
+
+
+# Patch targets SGLang moved between releases: where each is, oldest first (the first this SGLang has is used).
+MOVED = {
+    "moe_config": (  # <= 0.5.10.post1 | >= 0.5.11
+        "sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config",
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config",
+    ),
+    "piecewise_graph_flag": (  # <= 0.5.11 | >= 0.5.14
+        "sglang.srt.compilation.piecewise_context_manager:is_in_piecewise_cuda_graph",
+        "sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager"
+        ":is_in_tc_piecewise_cuda_graph",
+    ),
+    "moe_align_block_size": (  # <= 0.5.10.post1 | >= 0.5.11
+        "sglang.srt.layers.moe.fused_moe_triton.moe_align_block_size:moe_align_block_size",
+        "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size:moe_align_block_size",
+    ),
+    "fused_experts": (  # SGLang's Triton fused MoE, for the benchmarks' BF16 baseline: <= 0.5.10.post1 | >= 0.5.11
+        "sglang.srt.layers.moe.fused_moe_triton.fused_moe:outplace_fused_experts",
+        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:outplace_fused_experts",
+    ),
+    "weight_updates": (  # ModelRunner's methods <= 0.5.14 | a WeightUpdater of its own >= 0.5.17
+        "sglang.srt.model_executor.model_runner:ModelRunner",
+        "sglang.srt.model_executor.model_runner_components.weight_updater:WeightUpdater",
+    ),
+}
+
+
+def sglang_module(*names: str) -> Optional[ModuleType]:
+    """The first of ``names`` this SGLang has, or None; a module that exists but fails to import raises."""
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if not (e.name and (name == e.name or name.startswith(e.name + "."))):
+                raise
+    return None
+
+
+def sglang_object(what: str, has: str = ""):
+    """The first ``module:attribute`` of ``MOVED[what]`` this SGLang has (with an attribute ``has``, if given)."""
+    for location in MOVED[what]:
+        module_name, attr = location.split(":")
+        obj = getattr(sglang_module(module_name), attr, None)
+        if obj is not None and (not has or hasattr(obj, has)):
+            return obj
+    raise ImportError(f"found none of {', '.join(MOVED[what])}" + (f" with {has}" if has else ""))
+
+
+def served_args():
+    """The server arguments in effect in this process, as resolved at launch, or None outside a server. SGLang >= 0.5.20
+    keeps the operator's input on the record and resolution's decisions beside it (``get_global_server_args`` raises
+    there): its resolved view answers."""
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolved_view
+        from sglang.srt.runtime_context import get_server_args
+    except ImportError:
+        from sglang.srt.server_args import get_global_server_args
+
+        try:
+            return get_global_server_args()
+        except ValueError:  # not set: not a server process
+            return None
+    try:
+        args = get_server_args()
+    except (AttributeError, ValueError, RuntimeError):
+        return None
+    return resolved_view(args) if args is not None else None
+
+
+def _release(version: str) -> tuple:
+    """'0.5.10.post1' -> (0, 5, 10, 1): release numbers, then the post-release number (0 for none)."""
+    head, _, post = version.partition(".post")
+    try:
+        return (*(int(x) for x in head.split(".")[:3]), int(post or 0))
+    except ValueError:
+        return ()
+
+
+def check_tested_range(version: Optional[str] = None) -> Optional[str]:
+    """One warning (returned, and logged once) when this SGLang is outside the range CI tests."""
+    version = version or _sglang_version()
+    release = _release(version)
+    if release and _release(OLDEST_SGLANG) <= release <= _release(NEWEST_SGLANG):
+        return None
+    line = (f"sglang_mxfp8: sglang {version} is outside the tested range {SUPPORTED_SGLANG}; patching it wherever its "
+            "targets exist")
+    if "tested_range" not in WARNED:
+        WARNED.add("tested_range")
+        logger.warning(line)
+    return line
 
 
 def _target(owner, attr: str, patch: str):
@@ -91,6 +192,7 @@ def _missing(patch: str, what: str) -> None:
 def apply(patch_function: str) -> None:
     """Run one ``patch_*`` function of this module. Where this SGLang moved what it imports or replaces, SGLang stays
     as shipped with one warning, instead of its own import failing (BF16 models keep serving)."""
+    check_tested_range()
     try:
         globals()[patch_function]()
     except (ImportError, AttributeError) as e:
@@ -172,38 +274,79 @@ def _keeps_our_moe_backend(args, gpu) -> bool:
     return backend in ("flashinfer_cutlass", "triton") or (backend == "auto" and gpu is not None and gpu.sm == 90)
 
 
+def moe_kernel_config(args, stock: Callable[[], None], stock_unquantized: Callable[[], None]) -> None:
+    """SGLang's MoE-kernel step of server-argument resolution, for MXFP8: check the launch (one line, exit 1), and keep
+    the MoE backends our kernels serve by running SGLang's step as for an unquantized MoE (``stock_unquantized``)."""
+    try:
+        if not is_mxfp8_launch(args):
+            return stock()
+        check_complete()
+    except (checkpoint.CheckpointError, PatchTargetMissing) as e:  # MXFP8 that cannot be served here
+        raise Mxfp8LaunchError(str(e)) from None
+    from ..platform import visible_gpu
+
+    gpu = visible_gpu()
+    if gpu is not None:
+        validate_launch(args, gpu)
+    if not _keeps_our_moe_backend(args, gpu):
+        return stock()
+    # SGLang's MXFP8 rewrite and its ModelOpt-only flashinfer_cutlass assert describe its own
+    # kernels; ours run these backends, so SGLang checks the rest as for an unquantized MoE.
+    return stock_unquantized()
+
+
+MOE_KERNEL_STEP = "handle_moe_kernel_config"  # SGLang >= 0.5.20: the resolution step that replaced the method
+
+
 def patch_server_args() -> None:
     from sglang.srt import server_args
 
-    cls = _target(server_args, "ServerArgs", "server_args.moe_kernel_config")
+    patch = "server_args.moe_kernel_config"
+    cls = _target(server_args, "ServerArgs", patch)
+    if cls is None:
+        return
+    if hasattr(cls, "_handle_moe_kernel_config"):  # SGLang <= 0.5.17
+        def make(original):
+            @functools.wraps(original)
+            def _handle_moe_kernel_config(self):
+                def unquantized():
+                    quantization, self.quantization = self.quantization, None
+                    try:
+                        return original(self)
+                    finally:
+                        self.quantization = quantization
 
-    def make(original):
-        @functools.wraps(original)
-        def _handle_moe_kernel_config(self):
-            try:
-                if not is_mxfp8_launch(self):
-                    return original(self)
-                check_complete()
-            except (checkpoint.CheckpointError, PatchTargetMissing) as e:  # MXFP8 that cannot be served here
-                raise Mxfp8LaunchError(str(e)) from None
-            from ..platform import visible_gpu
+                return moe_kernel_config(self, lambda: original(self), unquantized)
 
-            gpu = visible_gpu()
-            if gpu is not None:
-                validate_launch(self, gpu)
-            if not _keeps_our_moe_backend(self, gpu):
-                return original(self)
-            # SGLang's MXFP8 rewrite and its ModelOpt-only flashinfer_cutlass assert describe its own
-            # kernels; ours run these backends, so SGLang checks the rest as for an unquantized MoE.
-            quantization, self.quantization = self.quantization, None
+            return _handle_moe_kernel_config
+
+        _replace(cls, "_handle_moe_kernel_config", patch, make)
+        return
+    hooks = sglang_module("sglang.srt.arg_groups.resolution_hooks")
+    if hooks is None or not hasattr(hooks, "register_resolution_hook"):
+        _missing(patch, "has neither ServerArgs._handle_moe_kernel_config nor resolution hooks")
+        return
+    if patch in APPLIED:
+        return
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    def handle_moe_kernel_config(server_args, previous) -> None:
+        view = resolved_view(server_args)
+
+        def unquantized():
+            if view.quantization is None:  # a checkpoint's own quantization_config: SGLang reads it at model load
+                return previous(server_args)
+            declare_resolution(server_args, "sglang_mxfp8", quantization=None)
             try:
-                return original(self)
+                previous(server_args)
             finally:
-                self.quantization = quantization
+                declare_resolution(server_args, "sglang_mxfp8", quantization=view.quantization)
 
-        return _handle_moe_kernel_config
+        moe_kernel_config(view, lambda: previous(server_args), unquantized)
 
-    _replace(cls, "_handle_moe_kernel_config", "server_args.moe_kernel_config", make)
+    hooks.register_resolution_hook(MOE_KERNEL_STEP)(handle_moe_kernel_config)
+    APPLIED[patch] = f"sglang.srt.arg_groups.resolution_hooks[{MOE_KERNEL_STEP!r}]"
 
 
 # ---- fused MoE tile configs --------------------------------------------------------------------
@@ -226,8 +369,8 @@ def with_tuned_moe_configs(original, moe_config: ModuleType):
     @functools.lru_cache
     @functools.wraps(original)
     def get_moe_configs(E, N, dtype, block_n=0, block_k=0, per_channel_quant=False, down_moe=False):
-        args = moe_config.get_global_server_args()
-        if ("SGLANG_MOE_CONFIG_DIR" not in os.environ and not args.enable_deterministic_inference
+        args = served_args()
+        if (args is not None and "SGLANG_MOE_CONFIG_DIR" not in os.environ and not args.enable_deterministic_inference
                 and is_mxfp8_launch(args)):
             name = moe_config.get_config_file_name(E, N, dtype, [block_n, block_k], per_channel_quant,
                                                    down_moe=down_moe)
@@ -242,18 +385,42 @@ def with_tuned_moe_configs(original, moe_config: ModuleType):
 
 
 def patch_moe_configs() -> None:
-    from sglang.srt.layers.moe.fused_moe_triton import fused_moe_triton_config as moe_config
-
+    """Patches the config module once SGLang has imported it (the startup hook calls this then). Importing it here
+    instead would run SGLang's MoE package imports in the middle of another of its imports (a circular import on
+    0.5.23); a SGLang that keeps it elsewhere uses its own configs."""
+    moe_config = next((sys.modules[name] for name in MOVED["moe_config"] if name in sys.modules), None)
+    if moe_config is None:
+        return
     _replace(moe_config, "get_moe_configs", "moe_config.tuned",
              lambda original: with_tuned_moe_configs(original, moe_config))
 
 
 # ---- model config ------------------------------------------------------------------------------
 
+MODELOPT_MXFP8_PROBE = {"quant_method": "modelopt", "quant_algo": "MXFP8", "exclude_modules": ["lm_head"]}
+
+
+def reads_modelopt_mxfp8(parse) -> bool:
+    """Whether SGLang's own ``ModelConfig._parse_modelopt_quant_config`` reads ModelOpt MXFP8 as MXFP8 (0.5.23 does;
+    0.5.10.post1 to 0.5.20 read it as per-tensor FP8)."""
+    try:
+        parsed = parse(None, dict(MODELOPT_MXFP8_PROBE))
+    except Exception:  # noqa: BLE001 - a parser that needs a real ModelConfig: assume the old reading
+        return False
+    return isinstance(parsed, dict) and parsed.get("quant_method") == "mxfp8"
+
+
 def patch_model_config() -> None:
     from sglang.srt.configs import model_config
 
-    cls = _target(model_config, "ModelConfig", "model_config.modelopt_mxfp8")
+    patch = "model_config.modelopt_mxfp8"
+    cls = _target(model_config, "ModelConfig", patch)
+    original = _target(cls, "_parse_modelopt_quant_config", patch) if cls is not None else None
+    if original is None or getattr(original, "__sglang_mxfp8_patch__", None) == patch:
+        return
+    if reads_modelopt_mxfp8(original):
+        KEPT[patch] = "SGLang reads ModelOpt MXFP8 itself"
+        return
 
     def make(original):
         @functools.wraps(original)
@@ -264,7 +431,7 @@ def patch_model_config() -> None:
 
         return _parse_modelopt_quant_config
 
-    _replace(cls, "_parse_modelopt_quant_config", "model_config.modelopt_mxfp8", make)
+    _replace(cls, "_parse_modelopt_quant_config", patch, make)
 
 
 # ---- quantization ------------------------------------------------------------------------------
@@ -394,7 +561,7 @@ def refit_rollback(original):
 
     @functools.wraps(original)
     def update_weights_from_disk(self, model_path, load_format, *args, **kwargs):
-        served_path, served_format = self.model_config.model_path, self.server_args.load_format
+        served_path, served_format = self.model_config.model_path, _model_runner(self).server_args.load_format
         try:
             ok, message = original(self, model_path, load_format, *args, **kwargs)
             if not ok:  # refused before loading (no such folder, another loader): nothing was read, and SGLang left
@@ -411,17 +578,23 @@ def refit_rollback(original):
     return update_weights_from_disk
 
 
+def _model_runner(owner):
+    """The ModelRunner whose weights ``owner`` (a ModelRunner, or from 0.5.17 its WeightUpdater) updates."""
+    return owner.get_model_runner() if hasattr(owner, "get_model_runner") else owner
+
+
 def patch_model_runner() -> None:
     from sglang.srt.model_executor import model_runner
 
     patch = "model_runner.tensor_update_postprocess"
     cls = _target(model_runner, "ModelRunner", patch)
+    updates = sglang_object("weight_updates", has="update_weights_from_disk")
 
     def marking(original):
         @functools.wraps(original)
         def update(self, *args, **kwargs):
             result = original(self, *args, **kwargs)
-            self._sglang_mxfp8_pending = True
+            _model_runner(self)._sglang_mxfp8_pending = True
             return result
 
         return update
@@ -436,14 +609,17 @@ def patch_model_runner() -> None:
 
         return forward
 
-    _replace(cls, "update_weights_from_disk", "model_runner.refit_rollback", refit_rollback)
-    _replace(cls, "update_weights_from_tensor", patch, marking)
-    _replace(cls, "update_weights_from_distributed", patch + ".distributed", marking)
+    _replace(updates, "update_weights_from_disk", "model_runner.refit_rollback", refit_rollback)
+    _replace(updates, "update_weights_from_tensor", patch, marking)
+    for name in ("update_weights_from_distributed", "load_weights_from_distributed", "update_weights_from_ipc"):
+        if hasattr(updates, name):  # the ways weights arrive other than from disk, by release
+            _replace(updates, name, f"{patch}.{name}", marking)
     _replace(cls, "forward", patch + ".forward", make_forward)
 
 
 def register() -> None:
-    """Entry point (``sglang.srt.plugins``) for SGLang versions with a plugin system."""
+    """Entry point (``sglang.srt.plugins``) for SGLang versions with a plugin system; idempotent after the startup
+    hook."""
     from ..settings import current
 
     if current().disabled:

@@ -8,6 +8,7 @@ buffers of each layer's kernel plan (:mod:`sglang_mxfp8.kernels.registry`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -16,7 +17,6 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional
 
 import torch
-from sglang.srt.compilation.piecewise_context_manager import is_in_piecewise_cuda_graph
 from sglang.srt.layers.moe import get_moe_runner_backend
 from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod, Fp8MoEMethod
 from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod, UnquantizedLinearMethod
@@ -30,9 +30,16 @@ from ..kernels.base import LinearSpec, MoESpec, log_once
 from ..kernels.moe.common import non_standard
 from ..platform import current_gpu
 from ..settings import current as current_settings
-from .plugin import check_complete
+from .plugin import check_complete, served_args, sglang_object
 
 logger = logging.getLogger("sglang_mxfp8")
+
+
+@functools.lru_cache(maxsize=None)
+def piecewise_graph_flag():
+    """SGLang's "inside a piecewise CUDA graph" test, looked up when the first layer is built (at import, SGLang is still
+    importing its quantization package: circular; in apply, torch.compile would trace the lookup)."""
+    return sglang_object("piecewise_graph_flag")
 
 
 def _check_loads(layer) -> None:
@@ -133,16 +140,12 @@ class Mxfp8Config(Fp8Config):
 def serving_max_tokens() -> Optional[int]:
     """Most tokens one forward of this SGLang server runs (largest prefill chunk or decode graph batch); None outside
     a server."""
-    try:
-        from sglang.srt.server_args import get_global_server_args
-
-        args = get_global_server_args()
-    except (ImportError, ValueError):
-        return None
+    args = served_args()
     if args is None:
         return None
     chunk = args.chunked_prefill_size if (args.chunked_prefill_size or 0) > 0 else args.max_prefill_tokens
-    return max(chunk or 0, args.cuda_graph_max_bs or 0) or None
+    graph_bs = getattr(args, "cuda_graph_max_bs", None) or getattr(args, "cuda_graph_max_bs_decode", None)  # >= 0.5.20
+    return max(chunk or 0, graph_bs or 0) or None
 
 
 def sglang_fp8_gemm_flag() -> str:
@@ -205,6 +208,7 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         self.is_checkpoint_fp8_serialized = True
         self.use_marlin = False
         self.plan = None
+        self.in_piecewise_cuda_graph = piecewise_graph_flag()
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra):
         self.plan = dispatch_w8a8_mxfp8_linear(sum(output_partition_sizes), input_size_per_partition, layer=self.prefix,
@@ -225,7 +229,7 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         _precompile(self.plan, layer, layer.mxfp8_state, layer.weight)
 
     def apply(self, layer, x, bias=None):
-        if is_in_piecewise_cuda_graph():  # being traced for (or replayed as) a piecewise CUDA graph
+        if self.in_piecewise_cuda_graph():  # being traced for (or replayed as) a piecewise CUDA graph
             return torch.ops.sglang_mxfp8.linear(x, bias, layer.mxfp8_linear_index)
         return self.plan.apply(layer, layer.mxfp8_state, x, bias)
 
