@@ -378,3 +378,52 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     assert lines[7].startswith("nan_weight False A |") and lines[7].endswith(f"Rolled back to {tmp_path / 'A'}.")
     # stock SGLang: its rollback re-reads the bad path, fails again and raises out of the scheduler call
     assert lines[8].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
+
+
+def test_every_patch_finds_its_target_on_this_sglang():
+    """CI runs this with the oldest and the newest supported SGLang: every patch lands (or keeps SGLang's own piece)
+    wherever that release keeps its target. ModelRunner needs sgl_kernel on 0.5.10.post1 (no CPU build): there the
+    weight-update patches are checked on GPU machines only."""
+    p = run_python(
+        "import importlib, logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING, format='LOG %(message)s', stream=sys.stdout)\n"
+        "from sglang_mxfp8.sglang import plugin\n"
+        "for m in ('sglang.srt.server_args', 'sglang.srt.configs.model_config', 'sglang.srt.layers.quantization',\n"
+        "          'sglang.srt.model_loader.loader'):\n"
+        "    importlib.import_module(m)\n"
+        "try:\n"
+        "    importlib.import_module('sglang.srt.model_executor.model_runner')\n"
+        "    runner = 'imported'\n"
+        "except ImportError as e:\n"
+        "    runner = 'needs ' + str(e.name)\n"
+        "print('RUNNER', runner)\n"
+        "print('APPLIED', sorted(plugin.APPLIED))\n"
+        "print('KEPT', sorted(plugin.KEPT))\n"
+        "print('MISSING', plugin.MISSING)\n"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in p.stdout.splitlines() if line.split(" ", 1)[0] in
+                 ("RUNNER", "APPLIED", "KEPT", "MISSING"))
+    assert lines["MISSING"] == "{}" and "LOG" not in p.stdout, p.stdout
+    applied, kept = eval(lines["APPLIED"]), eval(lines["KEPT"])
+    expected = {"server_args.moe_kernel_config", "model_config.modelopt_mxfp8", "quantization.mxfp8_config",
+                "quantization.dense_dispatch", "loader.modelopt_mxfp8_file", "loader.conversion_report"}
+    if lines["RUNNER"] == "imported":
+        expected |= {"model_runner.refit_rollback", "model_runner.tensor_update_postprocess",
+                     "model_runner.tensor_update_postprocess.forward"}
+    else:
+        assert lines["RUNNER"].startswith("needs sgl_kernel"), lines["RUNNER"]
+    assert expected <= set(applied) | set(kept), expected - set(applied) - set(kept)
+
+
+@pytest.mark.parametrize("version, warns", [("0.5.9", True), ("0.5.10", True), ("0.5.10.post1", False),
+                                            ("0.5.17", False), ("0.5.23", False), ("0.5.23.post1", True),
+                                            ("0.6.0", True), ("unknown", True)])
+def test_a_release_outside_the_tested_range_gets_one_warning(version, warns):
+    from sglang_mxfp8.sglang import plugin
+
+    line = plugin.check_tested_range(version)
+    assert (line is not None) == warns
+    if warns:
+        assert line == (f"sglang_mxfp8: sglang {version} is outside the tested range 0.5.10.post1 to 0.5.23; patching "
+                        "it wherever its targets exist")
