@@ -427,3 +427,17 @@ def test_a_release_outside_the_tested_range_gets_one_warning(version, warns):
     if warns:
         assert line == (f"sglang_mxfp8: sglang {version} is outside the tested range 0.5.10.post1 to 0.5.23; patching "
                         "it wherever its targets exist")
+
+
+def test_a_probe_takes_the_first_location_that_has_what_the_patch_needs(monkeypatch):
+    """sglang_object walks a moved target's locations oldest first and skips one that lacks the method a patch wraps
+    (ModelRunner exists on every release; its weight updates moved to WeightUpdater in 0.5.17)."""
+    from sglang_mxfp8.sglang import plugin
+
+    monkeypatch.setitem(plugin.MOVED, "probe_under_test", ("json:JSONDecoder", "json.gone:Nothing", "json:JSONEncoder"))
+    import json
+
+    assert plugin.sglang_object("probe_under_test") is json.JSONDecoder
+    assert plugin.sglang_object("probe_under_test", has="encode") is json.JSONEncoder
+    with pytest.raises(ImportError, match="found none of json:JSONDecoder, json.gone:Nothing, json:JSONEncoder with dump"):
+        plugin.sglang_object("probe_under_test", has="dump")

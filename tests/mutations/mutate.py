@@ -67,6 +67,13 @@ MUTATIONS = [
      "                pass", ["tests/test_plugin.py::test_failed_refit_rolls_back_to_the_served_checkpoint"]),
     ("config-module-list", "config", "format/checkpoint.py", "if not isinstance(value, list) or",
      "if not isinstance(value, (list, str)) or", ["tests/test_checkpoint_config.py"]),
+    ("tested-range-edge", "versions", "sglang/plugin.py", "_release(OLDEST_SGLANG) <= release <= _release(NEWEST_SGLANG)",
+     "_release(OLDEST_SGLANG) < release < _release(NEWEST_SGLANG)",
+     ["tests/test_plugin.py::test_a_release_outside_the_tested_range_gets_one_warning"]),
+    ("probe-first-location", "versions", "sglang/plugin.py", "if obj is not None and (not has or hasattr(obj, has)):",
+     "if obj is not None:", ["tests/test_plugin.py::test_a_probe_takes_the_first_location_that_has_what_the_patch_needs"]),
+    ("flag-successor", "versions", "cli/serving.py", "if name in RENAMED_FLAGS and name not in known:",
+     "if name in RENAMED_FLAGS and name in known:", ["tests/test_serving.py"]),
 ]
 
 
