@@ -63,7 +63,6 @@ logger = logging.getLogger("sglang_mxfp8")
 
 APPLIED: Dict[str, str] = {}  # patch name -> "module.attribute" it replaced
 MISSING: Dict[str, str] = {}  # patch name -> why it could not be applied (its warning line)
-WARNED = set()  # one-time warnings already logged
 KEPT: Dict[str, str] = {}  # patch name -> why SGLang's own piece is used instead (this SGLang already does it)
 
 
@@ -71,6 +70,7 @@ class PatchTargetMissing(RuntimeError):
     """This SGLang lacks what a patch replaces, so MXFP8 checkpoints cannot be served on it (one line)."""
 
 
+@functools.lru_cache(maxsize=None)
 def _sglang_version() -> str:
     try:
         from importlib.metadata import version
@@ -117,8 +117,10 @@ def sglang_module(*names: str) -> Optional[ModuleType]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def sglang_object(what: str, has: str = ""):
-    """The first ``module:attribute`` of ``MOVED[what]`` this SGLang has (with an attribute ``has``, if given)."""
+    """The first ``module:attribute`` of ``MOVED[what]`` this SGLang has (with an attribute ``has``, if given); looked up
+    once per process (kernels call it per launch, and a failed import searches the whole path)."""
     for location in MOVED[what]:
         module_name, attr = location.split(":")
         obj = getattr(sglang_module(module_name), attr, None)
@@ -158,17 +160,21 @@ def _release(version: str) -> tuple:
 
 
 def check_tested_range(version: Optional[str] = None) -> Optional[str]:
-    """One warning (returned, and logged once) when this SGLang is outside the range CI tests."""
+    """The warning line when ``version`` (this SGLang's by default) is outside the range CI tests, else None."""
     version = version or _sglang_version()
     release = _release(version)
     if release and _release(OLDEST_SGLANG) <= release <= _release(NEWEST_SGLANG):
         return None
-    line = (f"sglang_mxfp8: sglang {version} is outside the tested range {SUPPORTED_SGLANG}; patching it wherever its "
+    return (f"sglang_mxfp8: sglang {version} is outside the tested range {SUPPORTED_SGLANG}; patching it wherever its "
             "targets exist")
-    if "tested_range" not in WARNED:
-        WARNED.add("tested_range")
+
+
+@functools.lru_cache(maxsize=None)
+def warn_if_untested() -> None:
+    """Log :func:`check_tested_range`'s line once per process."""
+    line = check_tested_range()
+    if line:
         logger.warning(line)
-    return line
 
 
 def _target(owner, attr: str, patch: str):
@@ -192,7 +198,7 @@ def _missing(patch: str, what: str) -> None:
 def apply(patch_function: str) -> None:
     """Run one ``patch_*`` function of this module. Where this SGLang moved what it imports or replaces, SGLang stays
     as shipped with one warning, instead of its own import failing (BF16 models keep serving)."""
-    check_tested_range()
+    warn_if_untested()
     try:
         globals()[patch_function]()
     except (ImportError, AttributeError) as e:

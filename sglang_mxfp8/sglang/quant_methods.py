@@ -8,7 +8,6 @@ buffers of each layer's kernel plan (:mod:`sglang_mxfp8.kernels.registry`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import multiprocessing
 import os
@@ -33,13 +32,6 @@ from ..settings import current as current_settings
 from .plugin import check_complete, served_args, sglang_object
 
 logger = logging.getLogger("sglang_mxfp8")
-
-
-@functools.lru_cache(maxsize=None)
-def piecewise_graph_flag():
-    """SGLang's "inside a piecewise CUDA graph" test, looked up when the first layer is built (at import, SGLang is still
-    importing its quantization package: circular; in apply, torch.compile would trace the lookup)."""
-    return sglang_object("piecewise_graph_flag")
 
 
 def _check_loads(layer) -> None:
@@ -208,7 +200,9 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         self.is_checkpoint_fp8_serialized = True
         self.use_marlin = False
         self.plan = None
-        self.in_piecewise_cuda_graph = piecewise_graph_flag()
+        # SGLang's "inside a piecewise CUDA graph" test, looked up here: at import SGLang is still importing its
+        # quantization package (circular), and in apply torch.compile would trace the lookup
+        self.in_piecewise_cuda_graph = sglang_object("piecewise_graph_flag")
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra):
         self.plan = dispatch_w8a8_mxfp8_linear(sum(output_partition_sizes), input_size_per_partition, layer=self.prefix,
