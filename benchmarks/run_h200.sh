@@ -7,6 +7,9 @@
 #   bash benchmarks/run_h200.sh gsm8k     # bench_sglang.py against the real server on a converted tiny model
 #   bash benchmarks/run_h200.sh reliability  # refit soak, refit under load, corrupt refits
 #   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
+#   bash benchmarks/run_h200.sh fi-moe    # FlashInfer's SM90 fused MoE (trimmed build): build time, GPU tests, MoE table; the masked MoE's too
+#   bash benchmarks/run_h200.sh fi-serve  # the stock flashinfer_cutlass command served: tiny Qwen3-MoE vs BF16, refits
+#   bash benchmarks/run_h200.sh off-grid  # a tiny Qwen3-MoE off the 128 grid (hidden 576, intermediate 96) served vs its BF16 twin, refits
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory; MoE tile sweep
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 #   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 kernels for small M: GPU tests, dense and MoE tile sweeps
@@ -183,6 +186,59 @@ stock)
   timeout 300 python3 -m sglang.launch_server --model-path /tmp/st_mx --fp8-gemm-backend flashinfer_trtllm \
     --moe-runner-backend flashinfer_cutlass --skip-tokenizer-init --attention-backend triton > "$OUT/stock.log" 2>&1
   echo "stock command exit code $? after $(( $(date +%s) - start )) s; last line:"; tail -n 1 "$OUT/stock.log"
+  ;;
+fi-moe)
+  # FlashInfer's CUTLASS fused MoE on SM90 from the trimmed build (sglang_mxfp8/ops/flashinfer_moe_sm90.py): built on
+  # an empty cache, then loaded by a second process as a restart does; ninja's per-object times kept
+  for run in "empty cache" "restart"; do
+    start=$(date +%s%N)
+    timeout 480 python3 -c 'import logging; logging.basicConfig(level=logging.INFO, format="%(message)s")
+from sglang_mxfp8.ops import flashinfer_moe_sm90 as f; f.fused_moe_api()' 2>&1 | tail -4
+    echo "trimmed FlashInfer fused MoE, $run: $(( ($(date +%s%N) - start) / 1000000 )) ms ($(nproc) CPUs)"
+  done
+  find /tmp/fi_cache -name .ninja_log -path "*fp8_block_scale*" -exec cp {} "$OUT/fi_moe_ninja_log.txt" \;
+  python3 -m pytest -q -rf tests/gpu/test_flashinfer_moe_sm90.py 2>&1 | tail -6
+  python3 -m pytest -q -rf -s tests/gpu/test_hopper_kernels.py -k "off_grid or masked or gpt_oss" 2>&1 | grep "passed\|failed\|FAILED\|Error\|BF16 ("
+  timeout 150 python3 benchmarks/kernels/bench_flashinfer_moe_sm90.py --out "$OUT/fi_moe.md" 2>&1 | grep "^|\|trimmed\|Error"
+  timeout 150 python3 benchmarks/kernels/bench_off_grid_moe.py --out "$OUT/off_grid_moe.md" 2>&1 | grep "^|\|BF16\|Error"
+  ;;
+fi-serve)
+  # the README's stock command (flashinfer_trtllm dense, flashinfer_cutlass MoE) on the tiny MXFP8 Qwen3-MoE against
+  # its BF16 twin; refit to the same checkpoint and to another, against a fresh server of the other
+  tiny_checkpoints
+  start=$(date +%s)
+  python3 -c 'from sglang_mxfp8.ops import flashinfer_moe_sm90 as f; f.build()'
+  echo "trimmed module ready (built or found) in $(( $(date +%s) - start )) s"
+  FI="--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass"
+  export SGLANG_MXFP8_ENABLED_KERNELS=flashinfer_cutlass_moe_sm90  # opt-in until this phase has run on an H200
+  timeout 560 python3 benchmarks/e2e/serve_check.py --out "$OUT" \
+    --server bf16=/tmp/tm_bf16 \
+    --server mx_fi=/tmp/tm_mx:"$FI" --refit mx_fi=/tmp/tm_mx,/tmp/tm2_mx \
+    --server mx2_fi=/tmp/tm2_mx:"$FI" \
+    --compare bf16,mx_fi --compare mx_fi,mx_fi+refit_same --compare mx2_fi,mx_fi+refit_other
+  grep -h "sglang_mxfp8" "$OUT"/server_mx_fi.log | head -12
+  ;;
+off-grid)
+  # hidden 576 and expert intermediate 96 (multiples of 32, not of 128): dense layers on the Triton W8A8 kernel's
+  # masked tails, MoE on the masked W8A8 MoE, with each MoE flag that serves on Hopper
+  python3 - <<'PY'
+from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+from sglang_mxfp8.format.convert import convert
+for name, seed in (("og", 0), ("og2", 1)):
+    write_qwen3_moe(f"/tmp/{name}_bf16", seed=seed, hidden=576, moe_intermediate=96)
+    convert(f"/tmp/{name}_bf16", f"/tmp/{name}_mx", force=True, progress=False)
+PY
+  TR="--fp8-gemm-backend triton --moe-runner-backend triton"
+  FI="--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass"
+  export SGLANG_MXFP8_ENABLED_KERNELS=triton_w8a8_moe,flashinfer_cutlass_moe_sm90  # opt-in until run on an H200
+  timeout 560 python3 benchmarks/e2e/serve_check.py --out "$OUT" \
+    --server og_bf16=/tmp/og_bf16 \
+    --server og_triton=/tmp/og_mx:"$TR" --refit og_triton=/tmp/og_mx,/tmp/og2_mx \
+    --server og2_triton=/tmp/og2_mx:"$TR" \
+    --server og_fi=/tmp/og_mx:"$FI" \
+    --compare og_bf16,og_triton --compare og_triton,og_triton+refit_same --compare og2_triton,og_triton+refit_other \
+    --compare og_bf16,og_fi --compare og_triton,og_fi
+  grep -h "sglang_mxfp8.*MoE\|sglang_mxfp8.*experts" "$OUT"/server_og_fi.log | head -6
   ;;
 e2e-prep)
   # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints

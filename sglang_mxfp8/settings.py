@@ -3,6 +3,8 @@
 - ``SGLANG_MXFP8_DISABLE=1``: no patch is applied; SGLang runs exactly as shipped.
 - ``SGLANG_MXFP8_DISABLED_KERNELS=gemv,cublas,...``: kernels the registry must not pick (names:
   ``sglang-mxfp8 doctor`` lists them; unknown names are reported when a plan is made).
+- ``SGLANG_MXFP8_ENABLED_KERNELS=name,...``: opt-in kernels the registry may pick (kernels not yet run on the GPU
+  they are written for; ``doctor`` lists them). Without it no plan contains one.
 - ``SGLANG_MXFP8_PRECOMPILE=0``: compile no kernel while the model loads (the first batch of each new
   tile config then waits for its compiler).
 
@@ -23,6 +25,7 @@ from . import DISABLE_ENV, parse_switch
 logger = logging.getLogger("sglang_mxfp8")
 
 DISABLED_KERNELS_ENV = "SGLANG_MXFP8_DISABLED_KERNELS"
+ENABLED_KERNELS_ENV = "SGLANG_MXFP8_ENABLED_KERNELS"
 PRECOMPILE_ENV = "SGLANG_MXFP8_PRECOMPILE"
 
 # Deprecated switch -> {value it was set to: kernels that value disables}. "precompile" stands for PRECOMPILE_ENV=0.
@@ -43,12 +46,13 @@ DEPRECATED: Mapping[str, Mapping[bool, Tuple[str, ...]]] = {
 class Settings:
     disabled: bool = False
     disabled_kernels: FrozenSet[str] = frozenset()
+    enabled_kernels: FrozenSet[str] = frozenset()  # opt-in kernels allowed
     precompile: bool = True
     deprecations: Tuple[str, ...] = field(default=(), compare=False)  # one warning per deprecated switch set
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Settings":
-        kernels = {name.strip() for name in env.get(DISABLED_KERNELS_ENV, "").split(",") if name.strip()}
+        kernels = _names(env.get(DISABLED_KERNELS_ENV, ""))
         precompile = parse_switch(env.get(PRECOMPILE_ENV)) is not False
         notes = []
         for name, meaning in DEPRECATED.items():
@@ -64,7 +68,12 @@ class Settings:
                 instead = f"{DISABLED_KERNELS_ENV}={','.join(off)}"
             notes.append(f"{name}={env[name]} is deprecated and will be removed in the next release; use {instead}")
         return cls(disabled=parse_switch(env.get(DISABLE_ENV)) is True, disabled_kernels=frozenset(kernels),
-                   precompile=precompile, deprecations=tuple(notes))
+                   enabled_kernels=frozenset(_names(env.get(ENABLED_KERNELS_ENV, ""))), precompile=precompile,
+                   deprecations=tuple(notes))
+
+
+def _names(value: str) -> set:
+    return {name.strip() for name in value.split(",") if name.strip()}
 
 
 @functools.lru_cache(maxsize=None)

@@ -163,17 +163,19 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch, no_deep
 @pytest.mark.parametrize("tp,intermediate", [(4, 192), (8, 96)])
 def test_a_tensor_parallel_split_hopper_kernels_cannot_hold_names_the_splits_that_work(tp, intermediate, monkeypatch):
     """Qwen3-30B-A3B's experts (intermediate 768) at --tp 4 / 8 on an H200: SGLang's FusedMoE hands our MoE method
-    768 / tp rows per rank; the load fails in one line naming the splits whose share is a multiple of 128 and
-    expert parallelism, instead of advising to keep the layer BF16."""
+    768 / tp rows per rank; the load fails in one line naming the splits whose share is a multiple of 128, expert
+    parallelism and the opt-in masked MoE that serves such shares."""
     qm, method = _method(monkeypatch)
     layer = torch.nn.Module()
     layer.moe_tp_size = tp
     with pytest.raises(Mxfp8ConfigError) as e:
         method.create_weights(layer, 128, 2048, intermediate, torch.bfloat16)
-    assert str(e.value).endswith(
-        f"(triton_moe: intermediate size 768 split {tp} ways by tensor parallelism (--tp / --ep-size) "
-        f"leaves {intermediate} per rank, not a multiple of 128, which Hopper block-FP8 MoE kernels need; serve with "
-        "--tp / --ep-size = 1, 2, 3 or 6 (--ep-size equal to --tp keeps each expert whole on its rank))")
+    assert (f"(triton_moe: intermediate size 768 split {tp} ways by tensor parallelism (--tp / --ep-size) "
+            f"leaves {intermediate} per rank, not a multiple of 128, which SGLang's block-FP8 Triton MoE needs; serve "
+            "with --tp / --ep-size = 1, 2, 3 or 6 (--ep-size equal to --tp keeps each expert whole on its rank); "
+            "triton_w8a8_moe: our masked Triton W8A8 MoE for sizes off the 128 grid is opt-in: ") in str(e.value)
+    assert str(e.value).endswith("SGLANG_MXFP8_ENABLED_KERNELS=triton_w8a8_moe turns it on, or keep this MoE layer "
+                                 "BF16 (modules_to_not_convert))")
     assert str(e.value).startswith("model.layers.0.mlp.experts (128 experts, hidden 2048, intermediate 768, "
                                    f"{intermediate} per rank): no MXFP8 kernel for this layer on NVIDIA H200 (SM90)")
 

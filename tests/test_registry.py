@@ -239,8 +239,9 @@ def test_blackwell_moe_plans(libraries, gpu, flag, base):
 @pytest.mark.parametrize("gpu,flag,match", [
     (H200, "flashinfer_trtllm", r"--moe-runner-backend flashinfer_trtllm cannot run MXFP8 on NVIDIA H200 \(SM90\): no "
                                 r"such kernel for this architecture; valid choices on this GPU: auto, triton$"),
-    (H200, "flashinfer_cutlass", r"^--moe-runner-backend flashinfer_cutlass on NVIDIA H200 \(SM90\): FlashInfer's SM90 "
-                                 r"fused_moe module is a JIT build of 181 objects .*; use --moe-runner-backend triton"),
+    (H200, "flashinfer_cutlass", r"^--moe-runner-backend flashinfer_cutlass on NVIDIA H200 \(SM90\): FlashInfer's CUTLASS "
+                                 r"fused MoE .* is opt-in: .*SGLANG_MXFP8_ENABLED_KERNELS=flashinfer_cutlass_moe_sm90 turns "
+                                 r"it on, or use --moe-runner-backend triton "),
     (B200, "triton", r"B200 \(SM100\).*auto, flashinfer_cutlass, flashinfer_trtllm, flashinfer_trtllm_routed, cutlass$"),
     (RTX, "auto", r"no MXFP8 MoE kernel exists for NVIDIA RTX PRO 6000 \(SM120\)"),
 ])
@@ -251,7 +252,8 @@ def test_moe_errors(libraries, gpu, flag, match):
 
 
 @pytest.mark.parametrize("gpu,hidden,intermediate,tp,match", [
-    (H200, 2048, 96, 1, r"intermediate size 96 is not a multiple of 128, .*; keep this MoE layer BF16 "
+    (H200, 2048, 96, 1, r"intermediate size 96 is not a multiple of 128, .*triton_w8a8_moe: .* is opt-in: .*"
+                        r"SGLANG_MXFP8_ENABLED_KERNELS=triton_w8a8_moe turns it on, or keep this MoE layer BF16 "
                         r"\(modules_to_not_convert\)\)$"),
     # a tensor-parallel share: the splits that would work
     (H200, 2048, 192, 4, r"intermediate size 768 split 4 ways .* leaves 192 per rank, not a multiple of 128, "
@@ -293,14 +295,70 @@ def test_disabled_kernels_are_skipped_with_the_setting_named(libraries):
     ({"SGLANG_MXFP8_FLASHINFER_PRECOMPILE": "0"}, set(), False),
     ({"SGLANG_MXFP8_PRECOMPILE": "FALSE "}, set(), False),
     ({"SGLANG_MXFP8_DISABLED_KERNELS": "cublas", "SGLANG_MXFP8_WEIGHT_ONLY": "0"}, {"cublas", "weight_only"}, True),
+    ({"SGLANG_MXFP8_ENABLED_KERNELS": " triton_w8a8_moe,,x "}, set(), True),
 ])
 def test_settings_read_new_and_deprecated_switches(env, disabled, precompile):
     s = Settings.from_env(env)
     assert (set(s.disabled_kernels), s.precompile) == (disabled, precompile)
-    deprecated = [name for name in env if name not in ("SGLANG_MXFP8_DISABLED_KERNELS", "SGLANG_MXFP8_PRECOMPILE")
+    assert set(s.enabled_kernels) == ({"triton_w8a8_moe", "x"} if "SGLANG_MXFP8_ENABLED_KERNELS" in env else set())
+    deprecated = [name for name in env if name not in ("SGLANG_MXFP8_DISABLED_KERNELS", "SGLANG_MXFP8_PRECOMPILE",
+                                                       "SGLANG_MXFP8_ENABLED_KERNELS")
                   and not (name == "SGLANG_MXFP8_GEMV" and env[name] == "1")]
     assert len(s.deprecations) == len(deprecated)
     assert all("deprecated" in note and "SGLANG_MXFP8_" in note for note in s.deprecations)
+
+
+OPTED_IN = Settings.from_env({"SGLANG_MXFP8_ENABLED_KERNELS": "triton_w8a8_moe, flashinfer_cutlass_moe_sm90"})
+SHAPES = [(2048, 768), (2880, 2880), (2048, 96), (576, 768), (4096, 1536)]  # (hidden, intermediate): on and off the grid
+
+
+@pytest.mark.parametrize("gpu", [H200, B200, RTX, THOR])
+def test_no_plan_takes_an_opt_in_kernel_unless_the_setting_names_it(libraries, gpu):
+    """auto and every named flag, every layer kind and shape: a kernel that is opt-in on this GPU enters no plan by
+    default; named in SGLANG_MXFP8_ENABLED_KERNELS, it does."""
+    libraries(True)
+    opt_in = set(r.opt_in_kernels(gpu))
+    taken = set()
+    for settings in (DEFAULT, OPTED_IN):
+        for kind, (table, _, _) in r.TABLES.items():
+            for arch, flag in table:
+                if arch != gpu.arch:
+                    continue
+                for hidden, inter in SHAPES:
+                    try:
+                        plan = moe(gpu, flag, hidden, inter, settings=settings) if kind == "moe" else \
+                            dense(gpu, flag, inter * 2, hidden, settings=settings)
+                    except Mxfp8ConfigError:
+                        continue
+                    names = {e.kernel.name for e in plan.entries}
+                    if settings is DEFAULT:
+                        assert not names & opt_in, (kind, flag, hidden, inter)
+                    taken |= names & opt_in
+    assert opt_in == ({"triton_w8a8_moe", "flashinfer_cutlass_moe_sm90"} if gpu is H200 else set())
+    assert taken == opt_in  # each one reachable once opted in
+
+
+@pytest.mark.parametrize("flag", ["auto", "triton", "flashinfer_cutlass"])
+@pytest.mark.parametrize("hidden,intermediate,tp", [(2880, 2880, 1), (2048, 96, 1), (576, 768, 1), (2048, 192, 4)])
+def test_moe_off_the_128_grid_takes_the_masked_moe_once_opted_in(libraries, flag, hidden, intermediate, tp):
+    """Sizes that are multiples of 32, not of 128 (a TP share of 192 too): the masked W8A8 MoE is the base kernel of
+    every Hopper MoE flag, a fallback announced as such under flashinfer_cutlass; no band kernel that needs whole
+    128-blocks joins it (DeepGEMM present)."""
+    libraries(True)
+    plan = moe(H200, flag, hidden, intermediate, tp, settings=OPTED_IN)
+    assert plan.bands() == {"other batches": "triton_w8a8_moe"}
+    assert plan.entries[-1].fallback == (flag == "flashinfer_cutlass")
+    refusals = {e.kernel.name: why for e, why in plan.skipped}
+    if flag != "flashinfer_cutlass":
+        for band in ("deepgemm_moe", "cutlass_moe"):
+            assert "not a multiple of 128, which its grouped GEMM needs" in refusals[band], refusals
+
+
+def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe_once_opted_in(libraries):
+    plan = moe(H200, "flashinfer_cutlass", settings=OPTED_IN)
+    assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"} and plan.base.up_proj_first
+    assert not r.native("moe", H200, "flashinfer_cutlass")
+    assert moe(H200, "auto", settings=OPTED_IN).base.name == "triton_moe"  # auto: the measured Hopper list
 
 
 def test_every_kernel_is_named_once_and_disabling_knows_them():

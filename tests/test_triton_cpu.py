@@ -144,6 +144,72 @@ def test_interpreted_weight_only_moe_matches_float64_reference():
     assert float(p.stdout.split()[-1]) < 1e-5  # exact expert weights, fp32 operands and accumulation
 
 
+MOE_W8A8 = r"""
+import torch
+import torch.nn.functional as F
+from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
+from sglang_mxfp8.format.refit import BlockScaleConverter
+""" + MOE_WEIGHT_ONLY.split("torch.manual_seed(2)")[0].split("from sglang_mxfp8.format.refit import BlockScaleConverter")[1] + r"""
+
+def silu_and_mul(u):
+    return (F.silu(u[:, :u.shape[1] // 2].float()) * u[:, u.shape[1] // 2:].float()).to(u.dtype)
+
+def deq_act(a):
+    q, s = a
+    return q.double() * s.double().repeat_interleave(128, 1)[:, :q.shape[1]]
+
+torch.manual_seed(4)
+gemm_worst = moe_worst = 0.0
+# hidden / intermediate off the 128 grid (96, 160, 224, 288, 576): K tails masked in both GEMMs, N tails in w13's 2I
+# and w2's H rows, 128x128 scale blocks cut short at both ends
+for e_count, h, inter, top_k, m in [(4, 96, 96, 2, 5), (4, 576, 160, 3, 17), (8, 288, 224, 2, 40)]:
+    w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h) * torch.logspace(-3, 0, h))
+    w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter) * 0.05)
+    c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13.refresh(w13, s13)
+    c2 = BlockScaleConverter(e_count, h, inter, 128, "cpu", "w2"); c2.refresh(w2, s2)
+    assert c13.block_scale.shape == (e_count, -(-2 * inter // 128), -(-h // 128))
+    d13 = [dequantize_block_fp8(w13[e], c13.block_scale[e], 128).double() for e in range(e_count)]
+    d2 = [dequantize_block_fp8(w2[e], c2.block_scale[e], 128).double() for e in range(e_count)]
+    # float32 activations: the interpreter's bf16 rounding is not the GPU's either (bf16 is tested in tests/gpu)
+    x = torch.randn(m, h) * torch.logspace(-1, 1, h)
+    tw, ids = torch.topk(torch.softmax(torch.randn(m, e_count), -1), top_k, dim=-1)
+    tw, ids = (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
+    for cfg in (dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2), dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2)):
+        # the GEMM alone, on the host quantizer's activation: its indexing, masks and scales against float64
+        q, s = quantize_activation_1x128(x)
+        sorted_ids, expert_ids, padded = align(ids, cfg["BLOCK_M"], e_count)
+        up = torch.empty(m * top_k, 2 * inter, dtype=torch.float32)
+        th._moe_gemm_w8a8(q, s, w13, c13.block_scale, up, sorted_ids, expert_ids, padded, tw, top_k, cfg)
+        ref_up = torch.stack([deq_act((q, s))[t // top_k] @ d13[int(ids.flatten()[t])].t() for t in range(m * top_k)])
+        gemm_worst = max(gemm_worst, ((up.double() - ref_up).norm() / ref_up.norm()).item())
+        # the whole MoE, against float64 GEMMs on activations quantized by the same Triton quantizer (the
+        # interpreter's e4m3 cast is not the GPU's, so the host quantizer would differ by a few percent)
+        out = th.moe_w8a8(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, cfg, align, silu_and_mul)
+        ref = torch.zeros(m, h, dtype=torch.float64)
+        xq = deq_act(th.quantize_act_1x128(x))
+        for t in range(m):
+            for j in range(top_k):
+                e = int(ids[t, j])
+                gate_up = (d13[e] @ xq[t]).float()
+                act = deq_act(th.quantize_act_1x128(silu_and_mul(gate_up[None])))[0]
+                ref[t] += tw[t, j].double() * (d2[e] @ act)
+        assert out.shape == (m, h) and out.dtype == torch.float32
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err == err, (e_count, h, inter, m)  # NaN would slip through max()
+        moe_worst = max(moe_worst, err)
+print(f"{gemm_worst:.8f} {moe_worst:.6f}")
+"""
+
+
+def test_interpreted_masked_w8a8_moe_matches_float64_reference():
+    p = run_python(MOE_W8A8, {"TRITON_INTERPRET": "1"}, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    gemm, moe = map(float, p.stdout.split()[-2:])
+    assert gemm < 1e-6  # exact operands, float32 accumulation and output
+    assert moe < 1e-5  # float32 intermediates, output and sum over top_k
+
+
 GEMV = r"""
 import torch
 import torch.nn.functional as F

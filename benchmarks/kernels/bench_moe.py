@@ -69,6 +69,25 @@ def experts(inter: int, gen):
     return w13_16, w2_16, q13, q2, c13, c2, mx_bytes
 
 
+def fp8_reference(x, q13, s13, q2, s2, tw, ids):
+    """float32 SiLU-gated MoE on converted weights ([gate; up] rows, 128x128 block scales) with both GEMM inputs
+    1x128 FP8-quantized and the intermediates rounded to bf16, as the W8A8 kernels compute it."""
+    from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128
+
+    def operand(a):
+        q, s = quantize_activation_1x128(a)
+        return q.float() * s.repeat_interleave(128, 1)[:, : a.shape[1]]
+
+    inter = q2.shape[2]
+    ref = torch.zeros(x.shape, device=x.device)
+    for e in ids.unique().tolist():
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        h = (operand(x[rows].float()) @ dequantize_block_fp8(q13[e], s13[e], 128).t()).bfloat16().float()
+        act = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).bfloat16().float()
+        ref.index_add_(0, rows, (operand(act) @ dequantize_block_fp8(q2[e], s2[e], 128).t()) * tw[rows, slots, None])
+    return ref
+
+
 def triton_block_fp8(x, q13, q2, s13, s2, tw, ids):
     """SGLang's Triton fused MoE in block-FP8 mode on our converted weights and 128x128 scales: what the Hopper
     MoE runs for batches below the prefill kernels' threshold."""

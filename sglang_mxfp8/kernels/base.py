@@ -113,11 +113,16 @@ class Kernel:
             return False, f"runs on {'/'.join(self.archs)}, not {gpu.label}"
         if self.name in settings.disabled_kernels:
             return False, f"{DISABLED_KERNELS_ENV} lists it"
-        why = self.missing(gpu)
+        why = self.missing(gpu) or (None if self.name in settings.enabled_kernels else self.opt_in(gpu))
         return (False, why) if why else OK
 
     def missing(self, gpu: GpuSpec) -> Optional[str]:
         """Why a library or build this kernel needs is not here, or None."""
+        return None
+
+    def opt_in(self, gpu: GpuSpec) -> Optional[str]:
+        """Why this kernel runs only where SGLANG_MXFP8_ENABLED_KERNELS names it (not yet run on ``gpu``'s kind of
+        GPU), as one line saying how to turn it on; None for a kernel the registry picks by itself."""
         return None
 
     def can_implement(self, spec) -> Check:

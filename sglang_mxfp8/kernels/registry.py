@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple, Union
 
 from ..platform import GpuSpec
-from ..settings import DISABLED_KERNELS_ENV, Settings
+from ..settings import DISABLED_KERNELS_ENV, ENABLED_KERNELS_ENV, Settings
 from ..settings import current as current_settings
 from .base import DENSE_FLAG, MOE_FLAG, Entry, Kernel, LinearSpec, MoESpec, Mxfp8ConfigError, Plan, log_once, select
 from .linear.cublas import CublasBlockScale
@@ -29,6 +29,7 @@ from .moe.flashinfer_cutlass import FlashInferCutlassMxfp8MoE, FlashInferCutlass
 from .moe.gemv import GemvMoE
 from .moe.sglang_native import SglangNativeMoE
 from .moe.triton_fused import TritonFusedMoE
+from .moe.triton_w8a8 import TritonW8A8MoE
 
 DENSE_FLAGS = ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass")
 MOE_FLAGS = ("auto", "triton", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_trtllm_routed", "cutlass")
@@ -96,16 +97,19 @@ LINEAR: Dict[Tuple[str, str], Tuple[Entry, ...]] = {
 # fused MoE 283-292 at 1024). RESULTS, "CUTLASS grouped MoE for prefill": 435.9 vs the Triton fused MoE's 447.3 us
 # at 2048 tokens, 719.5 vs 769.9 at 4096, 1293.0 vs 1480.3 at 8192; slower at 1024 and below.
 TRITON_MOE = TritonFusedMoE()
+# hidden or intermediate sizes off the 128 grid (multiples of 32): the masked W8A8 MoE is the base kernel
+TRITON_W8A8_MOE = TritonW8A8MoE()
 HOPPER_MOE = (
     Entry(GemvMoE({(2048, 768)}), 1, 1, measured="GEMV MoE with SiLU-and-mul in its up launch"),
     Entry(DeepGemmPrefillMoE(), 1024, measured="DeepGEMM's grouped GEMM for the prefill MoE"),
     Entry(CutlassGroupedPrefillMoE(), 2048, measured="CUTLASS grouped MoE for prefill"),
     Entry(TRITON_MOE),
+    Entry(TRITON_W8A8_MOE),
 )
 MOE: Dict[Tuple[str, str], Tuple[Entry, ...]] = {
     ("sm90", "auto"): HOPPER_MOE,
     ("sm90", "triton"): HOPPER_MOE,
-    ("sm90", "flashinfer_cutlass"): (Entry(FlashInferCutlassSm90MoE()),),
+    ("sm90", "flashinfer_cutlass"): (Entry(FlashInferCutlassSm90MoE()), Entry(TRITON_W8A8_MOE, fallback=True)),
     ("sm100", "flashinfer_cutlass"): (Entry(FlashInferCutlassMxfp8MoE()),),
     ("sm100", "auto"): (Entry(SglangNativeMoE("flashinfer_trtllm")),),
     **{("sm100", flag): (Entry(SglangNativeMoE(flag)),) for flag in ("flashinfer_trtllm", "flashinfer_trtllm_routed",
@@ -127,6 +131,11 @@ def all_kernels() -> List[Kernel]:
 
 def kernel_names() -> List[str]:
     return [k.name for k in all_kernels()]
+
+
+def opt_in_kernels(gpu: GpuSpec) -> List[str]:
+    """The kernels for ``gpu``'s architecture that run only where SGLANG_MXFP8_ENABLED_KERNELS names them."""
+    return [k.name for k in all_kernels() if gpu.arch in k.archs and k.opt_in(gpu)]
 
 
 def check_gpu(gpu: GpuSpec) -> None:
@@ -183,10 +192,11 @@ def check_flag(kind: str, gpu: GpuSpec, flag: str, settings: Settings = None) ->
 
 
 def _select(kind: str, spec, gpu: GpuSpec, flag: str, settings: Settings, bands: bool = True) -> Plan:
-    unknown = settings.disabled_kernels - set(kernel_names()) - {"precompile"}
-    if unknown:
-        log_once(30, f"sglang_mxfp8: {DISABLED_KERNELS_ENV} names no kernel called {', '.join(sorted(unknown))} "
-                     f"(kernels: {', '.join(kernel_names())})")
+    for env, names in ((DISABLED_KERNELS_ENV, settings.disabled_kernels), (ENABLED_KERNELS_ENV, settings.enabled_kernels)):
+        unknown = names - set(kernel_names()) - {"precompile"}
+        if unknown:
+            log_once(30, f"sglang_mxfp8: {env} names no kernel called {', '.join(sorted(unknown))} "
+                         f"(kernels: {', '.join(kernel_names())})")
     check_flag(kind, gpu, flag, settings)
     table = TABLES[kind][0]
     return select(spec, gpu, flag, table[(gpu.arch, flag)], settings, bands)

@@ -10,6 +10,8 @@
   tensor-core dot accumulates in float32 over all of K, with no activation quantization launch.
 - ``moe_w8a16``: the same weight-only product for a fused MoE layer (SGLang's sorted-token layout,
   128x128 expert block scales), for decode batches where the MoE is launch-bound.
+- ``moe_w8a8``: a W8A8 fused MoE in SGLang's sorted-token layout whose K and N tails are masked, for layers whose
+  sizes are multiples of 32 but not of 128 (SGLang's block-FP8 MoE kernels need whole 128-blocks).
 - ``w8a16_gemv``, ``moe_gemv``: one token (batch-1 decode), weight-only on CUDA cores: each program
   streams BLOCK_N weight rows, aiming at the FP8 weight bytes over the memory bandwidth; the MoE
   takes two launches (SiLU-and-mul fused into the first, routing weights and the sum over experts into the second).
@@ -289,6 +291,87 @@ def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_
     act = silu_and_mul(up)
     down = torch.empty((m * top_k, w2.shape[1]), dtype=x.dtype, device=x.device)
     _moe_gemm(act, w2, s2, down, sorted_ids, expert_ids, padded, topk_weights.reshape(-1), 1, cfg)
+    return down.view(m, top_k, -1).sum(dim=1)
+
+
+@triton.jit
+def _moe_w8a8_kernel(
+    a_ptr, sa_ptr, b_ptr, c_ptr, sb_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, padded_ptr,
+    N, K, KB, num_valid,
+    stride_am, stride_sam, stride_be, stride_bn, stride_cm, stride_se, stride_sn,
+    A_ROW_DIV: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """C[id] = (A * sa)[id // A_ROW_DIV] @ (W[expert] * sb)^T for the BLOCK_M sorted (token, slot) ids of one expert;
+    A e4m3 with a float32 scale per (row, 128 columns), W e4m3 with 128x128 block scales; K and N tails masked."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(padded_ptr):
+        return
+    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = ids < num_valid
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    rows = ids // A_ROW_DIV
+    a_rows = a_ptr + rows[:, None] * stride_am
+    b_rows = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn
+    s_rows = sb_ptr + expert * stride_se + (offs_n // 128) * stride_sn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, KB):
+        k = kb * BLOCK_K + offs_k
+        mk = k < K
+        a = tl.load(a_rows + k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
+        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        sa = tl.load(sa_ptr + rows * stride_sam + kb, mask=valid, other=0.0)
+        sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
+        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+    if MUL_ROUTED_WEIGHT:
+        acc *= tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
+    c = c_ptr + ids[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+def moe_w8a8_config(m: int, top_k: int, experts: int) -> dict:
+    """16-row tiles while the average expert gets fewer than 32 (token, slot) rows, 64-row tiles after."""
+    if m * top_k < 32 * experts:
+        return dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3)
+
+
+def _moe_gemm_w8a8(a_q, a_s, w, w_s, out, sorted_ids, expert_ids, padded, topk_weights, a_row_div, config):
+    n, k = w.shape[1], w.shape[2]
+    grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(sorted_ids.numel(), config["BLOCK_M"]))
+    _moe_w8a8_kernel[grid](
+        a_q, a_s, w, out, w_s, topk_weights, sorted_ids, expert_ids, padded,
+        n, k, triton.cdiv(k, GROUP_K), out.shape[0],
+        a_q.stride(0), a_s.stride(0), w.stride(0), w.stride(1), out.stride(0), w_s.stride(0), w_s.stride(1),
+        A_ROW_DIV=a_row_div, MUL_ROUTED_WEIGHT=a_row_div == 1, BLOCK_K=GROUP_K, **config,
+    )
+
+
+def moe_w8a8(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=None, silu_and_mul=None):
+    """W8A8 fused MoE for any hidden / intermediate size that is a multiple of 32 (MXFP8's block; K and N tails are
+    masked, nothing padded): x [M, H] bf16/fp16 quantized per (row, 128 columns); w13 [E, 2I, H] e4m3 ([gate; up]
+    rows), w2 [E, H, I] e4m3, their 128x128 power-of-two scales [E, ceil(2I/128), ceil(H/128)] and
+    [E, ceil(H/128), ceil(I/128)]; topk_weights / topk_ids [M, top_k] -> [M, H]. ``align`` and ``silu_and_mul``
+    default to SGLang's / sgl_kernel's."""
+    if align is None:
+        from ..sglang.plugin import sglang_object
+
+        align = sglang_object("moe_align_block_size")
+    if silu_and_mul is None:
+        from sgl_kernel import silu_and_mul
+    m, top_k = topk_ids.shape
+    cfg = config or moe_w8a8_config(m, top_k, w13.shape[0])
+    sorted_ids, expert_ids, padded = align(topk_ids, cfg["BLOCK_M"], w13.shape[0])
+    a_q, a_s = quantize_act_1x128(x.contiguous())
+    up = torch.empty((m * top_k, w13.shape[1]), dtype=x.dtype, device=x.device)
+    _moe_gemm_w8a8(a_q, a_s, w13, s13, up, sorted_ids, expert_ids, padded, topk_weights, top_k, cfg)
+    act_q, act_s = quantize_act_1x128(silu_and_mul(up))
+    down = torch.empty((m * top_k, w2.shape[1]), dtype=x.dtype, device=x.device)
+    _moe_gemm_w8a8(act_q, act_s, w2, s2, down, sorted_ids, expert_ids, padded, topk_weights.reshape(-1), 1, cfg)
     return down.view(m, top_k, -1).sum(dim=1)
 
 

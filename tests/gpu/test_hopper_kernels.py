@@ -644,3 +644,93 @@ def test_linear_op_traced_for_piecewise_graphs_replays_the_eager_layer(m, monkey
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.isnan(), eager.isnan()) and torch.equal(out.nan_to_num(), eager.nan_to_num())
+
+
+# hidden / intermediate sizes off the 128 grid: I 96, H 576 (SmolLM-class), H 96 (w2's N not a multiple of 64),
+# gpt-oss-20b's 2880 x 2880 with 32 experts
+OFF_GRID = [(8, 2048, 96, 4), (8, 576, 768, 4), (4, 96, 160, 2), (32, 2880, 2880, 4)]
+OPTED_IN = Settings(enabled_kernels=frozenset({"triton_w8a8_moe", "flashinfer_cutlass_moe_sm90"}))  # the opt-in kernels
+
+
+@pytest.mark.parametrize("flag", ["auto", "triton", "flashinfer_cutlass"])
+@pytest.mark.parametrize("e_count,h,inter,top_k", OFF_GRID)
+def test_off_grid_moe_plans_the_masked_moe_and_matches_reference(flag, e_count, h, inter, top_k):
+    """Every Hopper MoE flag serves a layer off the 128 grid with the masked W8A8 MoE, within 1e-2 of float32."""
+    plan = registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), flag, OPTED_IN)
+    assert plan.bands() == {"other batches": "triton_w8a8_moe"}, plan.bands()
+    for m in (1, 16, 256, 4096):
+        x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m + h, e_count=e_count, h=h, inter=inter, top_k=top_k)
+        state = LayerState()
+        state.w13, state.w2 = c13, c2
+        layer = torch.nn.Module()
+        layer.w13_weight, layer.w2_weight = w13, w2
+        out = plan.base.experts(layer, state, x, tw, ids)
+        ref = _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations=True)
+        rel = ((out.float() - ref).norm() / ref.norm()).item()
+        assert out.shape == x.shape and torch.isfinite(out).all() and rel < 1e-2, (m, rel)
+
+
+def test_masked_moe_nan_token_graph_replay_and_refit_in_place():
+    """The masked MoE on an off-grid layer: a NaN token changes no other token's output, a CUDA graph replays the
+    eager result, and a refit through the plan rewrites the weights and scales in place (again: a no-op)."""
+    from sglang_mxfp8.ops.triton_sm90 import moe_w8a8
+
+    e_count, h, inter, top_k = 8, 576, 96, 4
+    x, w13, c13, w2, c2, tw, ids = _moe_case(48, seed=3, e_count=e_count, h=h, inter=inter, top_k=top_k)
+    out = moe_w8a8(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids)
+    poisoned = x.clone()
+    poisoned[-1, 100] = float("nan")
+    again = moe_w8a8(poisoned, w13, c13.block_scale, w2, c2.block_scale, tw, ids)
+    assert torch.equal(again[:-1], out[:-1]) and again[-1].isnan().any()
+
+    run = lambda: moe_w8a8(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids)  # noqa: E731
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(captured, run())
+
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.empty_like(w13), False)
+    layer.w2_weight = torch.nn.Parameter(torch.empty_like(w2), False)
+    plan = registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), "triton",
+                               OPTED_IN)
+    state = plan.create_buffers(layer)
+    ptrs = {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight), *state.tensors()]}
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for _ in range(2):  # the first load, then a refit to other weights
+        n13, t13 = quantize_mxfp8(torch.randn(w13.shape, device="cuda", generator=g) * 0.05)
+        n2, t2 = quantize_mxfp8(torch.randn(w2.shape, device="cuda", generator=g) * 0.05)
+        layer.w13_weight.data.copy_(n13)
+        layer.w2_weight.data.copy_(n2)
+        plan.process_weights_after_loading(layer, state, t13, t2)
+        got = plan.base.experts(layer, state, x, tw, ids)
+        ref = _moe_reference(x, layer.w13_weight, state.w13, layer.w2_weight, state.w2, tw, ids, fp8_activations=True)
+        assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
+    stats = plan.process_weights_after_loading(layer, state, t13, t2)
+    assert all(s.converted_rows == 0 for s in stats)
+    assert torch.equal(plan.base.experts(layer, state, x, tw, ids), got)
+    assert ptrs == {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight), *state.tensors()]}
+
+
+def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16():
+    """A gpt-oss-20b-shaped MoE layer (32 experts, hidden 2880, intermediate 2880) as the masked MoE serves it: FP8
+    weights, the checkpoint's UE8M0 scales and every derived buffer, nothing padded, against its BF16 weights."""
+    e_count, h, inter = 32, 2880, 2880
+    bf16_bytes = e_count * 3 * h * inter * 2
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.empty(e_count, 2 * inter, h, dtype=torch.float8_e4m3fn, device="cuda"), False)
+    layer.w2_weight = torch.nn.Parameter(torch.empty(e_count, h, inter, dtype=torch.float8_e4m3fn, device="cuda"), False)
+    s13 = torch.empty(e_count, 2 * inter, h // 32, dtype=torch.uint8, device="cuda")
+    s2 = torch.empty(e_count, h, inter // 32, dtype=torch.uint8, device="cuda")
+    plan = registry.select_moe(MoESpec("gpt_oss.experts", e_count, h, inter), platform.visible_gpu(), "auto",
+                               OPTED_IN)
+    state = plan.create_buffers(layer)
+    torch.cuda.synchronize()
+    ratio = (torch.cuda.memory_allocated() - base) / bf16_bytes
+    print(f"gpt-oss-20b MoE layer: {ratio:.4f}x BF16 ({plan.base.name})")
+    assert plan.base.name == "triton_w8a8_moe" and 0.5 < ratio <= 0.55, ratio
+    del state, s13, s2

@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from ..base import OK, Check, MoESpec
+from ...format.refit import BlockScaleConverter
+from ..base import OK, Check, MoEKernel, MoESpec
 
 
 def non_standard(config, ep_size: int) -> Optional[str]:
@@ -52,3 +53,20 @@ def size_refusal(spec: MoESpec, multiple: int, needs: str, fix: str) -> Check:
         full = f"{name} {dim * tp}, {dim} per rank," if tp > 1 and name == "intermediate size" else f"{name} {dim}"
         return False, f"{full} is not a multiple of {multiple}, {needs}; {fix}"
     return OK
+
+
+class BlockScaleExperts(MoEKernel):
+    """A Hopper MoE base kernel on the weights converted in place to 128x128 power-of-two block scales: the
+    converters (``state.w13``, ``state.w2``) that every Hopper MoE kernel, band or base, reads."""
+
+    archs = ("sm90",)
+    scale_rows = 128
+
+    def create_buffers(self, layer, spec, state):
+        dev = layer.w13_weight.device
+        state.w13 = BlockScaleConverter(spec.experts, layer.w13_weight.shape[1], spec.hidden, 128, dev, f"{spec.name}.w13")
+        state.w2 = BlockScaleConverter(spec.experts, spec.hidden, spec.intermediate, 128, dev, f"{spec.name}.w2")
+
+    def process_weights_after_loading(self, layer, state, w13_scale, w2_scale):
+        return [state.w13.refresh(layer.w13_weight.data, w13_scale.data),
+                state.w2.refresh(layer.w2_weight.data, w2_scale.data)]

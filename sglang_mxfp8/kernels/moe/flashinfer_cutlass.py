@@ -1,11 +1,13 @@
-"""FlashInfer's CUTLASS fused MoE (``cutlass_fused_moe``): MXFP8 x MXFP8 on Blackwell; its Hopper FP8 block-scale
-build is not started at launch."""
+"""FlashInfer's CUTLASS fused MoE (``cutlass_fused_moe``): MXFP8 x MXFP8 on Blackwell, FP8 block scales on Hopper."""
 
 from __future__ import annotations
 
+from ...ops import flashinfer_moe_sm90
 from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
 from ... import platform
+from ...settings import ENABLED_KERNELS_ENV
 from ..base import MOE_FLAG, OK, MoEKernel
+from .common import BlockScaleExperts, size_refusal, standard_experts
 
 
 class FlashInferCutlassMxfp8MoE(MoEKernel):
@@ -40,16 +42,37 @@ class FlashInferCutlassMxfp8MoE(MoEKernel):
                                  ep_rank=layer.moe_ep_rank)
 
 
-class FlashInferCutlassSm90MoE(MoEKernel):
-    """``cutlass_fused_moe`` in its DeepSeek FP8 block-scale mode on Hopper: FlashInfer's SM90 fused_moe module is a
-    JIT build of 181 objects (about 40 min on 16 cores), which this package does not start at launch."""
+class FlashInferCutlassSm90MoE(BlockScaleExperts):
+    """``cutlass_fused_moe`` in its DeepSeek FP8 block-scale mode on Hopper, from the trimmed JIT module
+    (ops/flashinfer_moe_sm90.py: the BF16 x FP8 runner alone, 14 sources instead of FlashInfer's 181), built into
+    FlashInfer's cache at the first load and reused after. Reads the same converted weights as the Triton MoE
+    (128x128 power-of-two block scales), w13 as [up; gate]; quantizes the activations per 1x128 group itself."""
 
     name = "flashinfer_cutlass_moe_sm90"
-    title = "FlashInfer cutlass_fused_moe, DeepSeek FP8 block scales"
-    archs = ("sm90",)
+    title = "FlashInfer cutlass_fused_moe, DeepSeek FP8 block scales (trimmed SM90 build)"
     up_proj_first = True
 
     def missing(self, gpu):
-        return (f"{MOE_FLAG} flashinfer_cutlass on {gpu.label}: FlashInfer's SM90 fused_moe module is a JIT build of "
-                f"181 objects (about 40 min on 16 cores) that sglang_mxfp8 does not start at launch; use {MOE_FLAG} "
-                "triton (the same block-FP8 weights, SGLang's Triton fused MoE)")
+        return platform.flashinfer_missing() or flashinfer_moe_sm90.unsupported()
+
+    def opt_in(self, gpu):
+        return (f"{MOE_FLAG} flashinfer_cutlass on {gpu.label}: FlashInfer's CUTLASS fused MoE for FP8 block scales "
+                f"from a trimmed JIT build (14 of its 181 objects; kernel {self.name}) is opt-in: it compiles and "
+                f"links on CPU but has not yet run on a Hopper GPU; {ENABLED_KERNELS_ENV}={self.name} turns it on, or "
+                f"use {MOE_FLAG} triton (the same block-FP8 weights, SGLang's Triton fused MoE)")
+
+    def can_implement(self, spec):
+        ok, why = standard_experts(spec)
+        if not ok:
+            return ok, why
+        return size_refusal(spec, 128, "which FlashInfer's FP8 block-scale MoE needs (128x128 weight blocks)",
+                            "the masked W8A8 MoE (triton_w8a8_moe) serves such layers")
+
+    def create_buffers(self, layer, spec, state):
+        flashinfer_moe_sm90.build()
+        super().create_buffers(layer, spec, state)
+
+    def experts(self, layer, state, x, topk_weights, topk_ids):
+        return flashinfer_moe_sm90.block_scale_moe(
+            x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight, state.w13.block_scale, state.w2.block_scale,
+            tp_size=layer.moe_tp_size, tp_rank=layer.moe_tp_rank)

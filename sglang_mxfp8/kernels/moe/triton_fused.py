@@ -1,31 +1,18 @@
 from __future__ import annotations
 
-from ...format.refit import BlockScaleConverter
-from ..base import MoEKernel
-from .common import size_refusal
+from .common import BlockScaleExperts, size_refusal
 
 
-class TritonFusedMoE(MoEKernel):
+class TritonFusedMoE(BlockScaleExperts):
     """SGLang's Triton fused MoE on the weights converted in place to 128x128 power-of-two block scales."""
 
     name = "triton_moe"
     title = "SGLang's Triton fused MoE, block FP8 128x128 after lossless scale conversion"
-    archs = ("sm90",)
-    scale_rows = 128
     scales_output = True  # SGLang's runner applies routed_scaling_factor
 
     def can_implement(self, spec):
-        return size_refusal(spec, 128, "which Hopper block-FP8 MoE kernels need",
-                            "keep this MoE layer BF16 (modules_to_not_convert)")
-
-    def create_buffers(self, layer, spec, state):
-        dev = layer.w13_weight.device
-        state.w13 = BlockScaleConverter(spec.experts, layer.w13_weight.shape[1], spec.hidden, 128, dev, f"{spec.name}.w13")
-        state.w2 = BlockScaleConverter(spec.experts, spec.hidden, spec.intermediate, 128, dev, f"{spec.name}.w2")
-
-    def process_weights_after_loading(self, layer, state, w13_scale, w2_scale):
-        return [state.w13.refresh(layer.w13_weight.data, w13_scale.data),
-                state.w2.refresh(layer.w2_weight.data, w2_scale.data)]
+        return size_refusal(spec, 128, "which SGLang's block-FP8 Triton MoE needs",
+                            "the masked W8A8 MoE (triton_w8a8_moe) serves such layers")
 
     def create_runner(self, layer, state, moe_runner_config):
         from sglang.srt.layers.moe import MoeRunner, MoeRunnerBackend

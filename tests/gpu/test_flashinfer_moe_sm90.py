@@ -1,0 +1,125 @@
+"""FlashInfer's CUTLASS fused MoE on Hopper from the trimmed build (ops/flashinfer_moe_sm90.py), on the GPU: against
+a float32 reference, through the registry's plan for --moe-runner-backend flashinfer_cutlass, in a CUDA graph, and
+after a refit in place. The first test builds the module into FlashInfer's cache (minutes on a fresh machine)."""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="needs a Hopper (SM90) GPU; run bash benchmarks/run_h200.sh on an H100/H200",
+)
+
+from sglang_mxfp8 import platform  # noqa: E402
+from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8  # noqa: E402
+from sglang_mxfp8.kernels import registry  # noqa: E402
+from sglang_mxfp8.kernels.base import MoESpec  # noqa: E402
+from sglang_mxfp8.ops import flashinfer_moe_sm90  # noqa: E402
+from sglang_mxfp8.settings import Settings  # noqa: E402
+
+QWEN3_30B = dict(e_count=128, h=2048, inter=768, top_k=8)
+OPTED_IN = Settings(enabled_kernels=frozenset({"flashinfer_cutlass_moe_sm90"}))
+
+
+def _plan(e_count, h, inter):
+    return registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), "flashinfer_cutlass",
+                               OPTED_IN)
+
+
+def _case(m, seed, e_count, h, inter, top_k):
+    """MXFP8 experts in [up; gate] order as a layer with the registry's flashinfer_cutlass plan (weights converted in
+    place by its process_weights_after_loading), activations and routing."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    layer = torch.nn.Module()
+    w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h, device="cuda", generator=g) * 0.05)
+    w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter, device="cuda", generator=g) * 0.05)
+    layer.w13_weight, layer.w2_weight = torch.nn.Parameter(w13, False), torch.nn.Parameter(w2, False)
+    layer.w13_weight_scale_inv, layer.w2_weight_scale_inv = s13, s2
+    layer.moe_tp_size, layer.moe_tp_rank = 1, 0
+    plan = _plan(e_count, h, inter)
+    layer.mxfp8_state = plan.create_buffers(layer)
+    plan.process_weights_after_loading(layer, layer.mxfp8_state, s13, s2)
+    x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16, generator=g)
+    tw, ids = torch.topk(torch.softmax(torch.randn(m, e_count, device="cuda", generator=g), -1), top_k, dim=-1)
+    return layer, plan, x, (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
+
+
+def _reference(layer, x, tw, ids):
+    """float32 SiLU-gated MoE on the converted [up; gate] weights, both GEMM inputs 1x128 FP8-quantized and the
+    intermediate rounded to bf16, as the kernel computes it."""
+    def operand(a):
+        q, s = quantize_activation_1x128(a)
+        return q.float() * s.repeat_interleave(128, 1)[:, : a.shape[1]]
+
+    state, inter = layer.mxfp8_state, layer.w2_weight.shape[2]
+    ref = torch.zeros(x.shape, device="cuda")
+    for e in ids.unique().tolist():
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        h = operand(x[rows].float()) @ dequantize_block_fp8(layer.w13_weight[e], state.w13.block_scale[e], 128).t()
+        up, gate = h.bfloat16().float().split(inter, dim=1)
+        act = (torch.nn.functional.silu(gate) * up).bfloat16().float()
+        y = operand(act) @ dequantize_block_fp8(layer.w2_weight[e], state.w2.block_scale[e], 128).t()
+        ref.index_add_(0, rows, y * tw[rows, slots, None])
+    return ref
+
+
+def _rel(out, ref):
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def test_the_flag_plans_the_trimmed_module_and_it_builds():
+    plan = _plan(128, 2048, 768)
+    assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"}
+    so = flashinfer_moe_sm90.build()
+    assert so.exists() and so.stat().st_size > 1 << 20
+
+
+@pytest.mark.parametrize("m", [1, 16, 256, 4096])
+def test_qwen3_30b_layer_matches_float32_reference(m):
+    layer, plan, x, tw, ids = _case(m, seed=m, **QWEN3_30B)
+    out = plan.base.experts(layer, layer.mxfp8_state, x, tw, ids)
+    assert out.shape == x.shape and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    rel = _rel(out, _reference(layer, x, tw, ids))
+    assert rel < 1e-2, rel  # a wrong [up; gate] order, scale layout or expert gives O(1)
+
+
+def test_nan_token_leaves_the_other_tokens_as_they_were():
+    layer, plan, x, tw, ids = _case(37, seed=5, **QWEN3_30B)
+    out = plan.base.experts(layer, layer.mxfp8_state, x, tw, ids)
+    x[-1, 5] = float("nan")
+    again = plan.base.experts(layer, layer.mxfp8_state, x, tw, ids)
+    assert torch.equal(again[:-1], out[:-1])
+
+
+def test_cuda_graph_replay_equals_eager():
+    layer, plan, x, tw, ids = _case(16, seed=7, e_count=16, h=512, inter=256, top_k=4)
+    run = lambda: plan.base.experts(layer, layer.mxfp8_state, x, tw, ids)  # noqa: E731
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(captured, run())
+
+
+def test_refit_in_place_is_idempotent_and_serves_the_new_weights():
+    """A second load of other weights into the same storage: scales rewritten in place, weights converted once, the
+    output that of the new weights; processing again changes nothing."""
+    layer, plan, x, tw, ids = _case(64, seed=9, e_count=16, h=512, inter=256, top_k=4)
+    ptrs = {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight),
+                                         *layer.mxfp8_state.tensors()]}
+    g = torch.Generator(device="cuda").manual_seed(99)
+    w13, s13 = quantize_mxfp8(torch.randn(layer.w13_weight.shape, device="cuda", generator=g) * 0.05)
+    w2, s2 = quantize_mxfp8(torch.randn(layer.w2_weight.shape, device="cuda", generator=g) * 0.05)
+    layer.w13_weight.data.copy_(w13)
+    layer.w2_weight.data.copy_(w2)
+    plan.process_weights_after_loading(layer, layer.mxfp8_state, s13, s2)
+    out = plan.base.experts(layer, layer.mxfp8_state, x, tw, ids)
+    assert _rel(out, _reference(layer, x, tw, ids)) < 1e-2
+    before = layer.w13_weight.clone()
+    stats = plan.process_weights_after_loading(layer, layer.mxfp8_state, s13, s2)
+    assert all(s.converted_rows == 0 for s in stats) and torch.equal(before.view(torch.uint8), layer.w13_weight.view(torch.uint8))
+    assert torch.equal(plan.base.experts(layer, layer.mxfp8_state, x, tw, ids), out)
+    assert ptrs == {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight),
+                                                 *layer.mxfp8_state.tensors()]}
