@@ -10,6 +10,7 @@
 #   bash benchmarks/run_h200.sh fi-moe    # FlashInfer's SM90 fused MoE (trimmed build): build time, GPU tests, MoE table; the masked MoE's too
 #   bash benchmarks/run_h200.sh fi-serve  # the stock flashinfer_cutlass command served: tiny Qwen3-MoE vs BF16, refits
 #   bash benchmarks/run_h200.sh off-grid  # a tiny Qwen3-MoE off the 128 grid (hidden 576, intermediate 96) served vs its BF16 twin, refits
+#   bash benchmarks/run_h200.sh startup   # server start, empty caches vs restart, BF16 vs MXFP8 (tiny; STARTUP_MODEL=e2e: /tmp/e2e after e2e-prep)
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory; MoE tile sweep
 #   bash benchmarks/run_h200.sh tune      # Triton tile sweep + the README's demo on the GPU
 #   bash benchmarks/run_h200.sh w8a16     # weight-only FP8 kernels for small M: GPU tests, dense and MoE tile sweeps
@@ -239,6 +240,14 @@ PY
     --compare og_bf16,og_triton --compare og_triton,og_triton+refit_same --compare og2_triton,og_triton+refit_other \
     --compare og_bf16,og_fi --compare og_triton,og_fi
   grep -h "sglang_mxfp8.*MoE\|sglang_mxfp8.*experts" "$OUT"/server_og_fi.log | head -6
+  ;;
+startup)
+  # start to /health_generate with empty compile caches and again on what that start left, BF16 then MXFP8
+  # (FlashInfer dense GEMM, Triton MoE), then MXFP8 with FlashInfer compiling its GEMM kernels alone
+  # (benchmarks/startup/bench_server_start.py); STARTUP_MODEL=e2e: the Qwen3-30B-A3B-shaped model e2e-prep wrote
+  if [ "${STARTUP_MODEL:-tiny}" = e2e ]; then B=/tmp/e2e/bf16 M=/tmp/e2e/mxfp8; else tiny_checkpoints; B=/tmp/tm_bf16 M=/tmp/tm_mx; fi
+  timeout 585 python3 benchmarks/startup/bench_server_start.py --out "$OUT" --bf16 $B --mx $M \
+    --label "${STARTUP_MODEL:-tiny}" --compile-jobs-zero ${STARTUP_ARGS:-} 2>&1 | grep "^|\|Error\|error"
   ;;
 e2e-prep)
   # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints

@@ -7,6 +7,8 @@
   they are written for; ``doctor`` lists them). Without it no plan contains one.
 - ``SGLANG_MXFP8_PRECOMPILE=0``: compile no kernel while the model loads (the first batch of each new
   tile config then waits for its compiler).
+- ``SGLANG_MXFP8_COMPILE_JOBS=N``: concurrent nvcc processes for the kernels compiled while the model loads
+  (default: one per CPU; 0: leave them to FlashInfer, which compiles one after another).
 
 The per-kernel switches of 0.1 (``SGLANG_MXFP8_GEMV=0`` ...) still work for this release, each with a
 deprecation warning naming its replacement.
@@ -18,7 +20,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import FrozenSet, Mapping, Tuple
+from typing import FrozenSet, Mapping, Optional, Tuple
 
 from . import DISABLE_ENV, parse_switch
 
@@ -27,6 +29,7 @@ logger = logging.getLogger("sglang_mxfp8")
 DISABLED_KERNELS_ENV = "SGLANG_MXFP8_DISABLED_KERNELS"
 ENABLED_KERNELS_ENV = "SGLANG_MXFP8_ENABLED_KERNELS"
 PRECOMPILE_ENV = "SGLANG_MXFP8_PRECOMPILE"
+COMPILE_JOBS_ENV = "SGLANG_MXFP8_COMPILE_JOBS"
 
 # Deprecated switch -> {value it was set to: kernels that value disables}. "precompile" stands for PRECOMPILE_ENV=0.
 DEPRECATED: Mapping[str, Mapping[bool, Tuple[str, ...]]] = {
@@ -48,7 +51,8 @@ class Settings:
     disabled_kernels: FrozenSet[str] = frozenset()
     enabled_kernels: FrozenSet[str] = frozenset()  # opt-in kernels allowed
     precompile: bool = True
-    deprecations: Tuple[str, ...] = field(default=(), compare=False)  # one warning per deprecated switch set
+    compile_jobs: Optional[int] = None  # None: one per CPU
+    warnings: Tuple[str, ...] = field(default=(), compare=False)  # one per deprecated or unusable switch
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Settings":
@@ -67,9 +71,12 @@ class Settings:
                 kernels.update(off)
                 instead = f"{DISABLED_KERNELS_ENV}={','.join(off)}"
             notes.append(f"{name}={env[name]} is deprecated and will be removed in the next release; use {instead}")
+        jobs = env.get(COMPILE_JOBS_ENV, "").strip()
+        if jobs and not jobs.isdigit():
+            notes.append(f"{COMPILE_JOBS_ENV}={jobs!r} is not a number of processes (0, 1, 2, ...); using one per CPU")
         return cls(disabled=parse_switch(env.get(DISABLE_ENV)) is True, disabled_kernels=frozenset(kernels),
                    enabled_kernels=frozenset(_names(env.get(ENABLED_KERNELS_ENV, ""))), precompile=precompile,
-                   deprecations=tuple(notes))
+                   compile_jobs=int(jobs) if jobs.isdigit() else None, warnings=tuple(notes))
 
 
 def _names(value: str) -> set:
@@ -80,6 +87,6 @@ def _names(value: str) -> set:
 def current() -> Settings:
     """This process's settings (read from the environment on first use; ``current.cache_clear()`` re-reads)."""
     settings = Settings.from_env(os.environ)
-    for note in settings.deprecations:
+    for note in settings.warnings:
         logger.warning("sglang_mxfp8: %s", note)
     return settings

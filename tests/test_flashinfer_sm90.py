@@ -6,6 +6,12 @@ at batch 1 (benchmarks/RESULTS.md, e2e): ``deep_gemm::fp8_gemm_kernel_swapAB<204
 stages). tests/gpu checks the whole enumeration against the kernels FlashInfer compiles.
 """
 
+import hashlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from conftest import set_server_args
@@ -51,3 +57,94 @@ def test_serving_max_tokens_from_sglang_server_args():
     assert serving_max_tokens() == 16384
     set_server_args(chunked_prefill_size=64, max_prefill_tokens=16384, cuda_graph_max_bs=256)
     assert serving_max_tokens() == 256
+
+
+def _flashinfer_deep_gemm():
+    from flashinfer.jit import env as jit_env
+
+    return Path(jit_env.FLASHINFER_CSRC_DIR) / "nv_internal" / "tensorrt_llm" / "deep_gemm"
+
+
+def _cpp_function(source: str, signature: str, closing: str = "\n}\n") -> str:
+    """The text of one C++ function of a FlashInfer header, from its signature to ``closing`` (its last lines)."""
+    start = source.index(signature)
+    return source[start:source.index(closing, start) + len(closing)]
+
+
+HARNESS = r"""
+#include <cstdint>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+namespace deep_gemm {
+%(enum)s
+namespace jit {
+%(to_string)s
+%(generate)s
+}  // namespace jit
+}  // namespace deep_gemm
+int main(int argc, char** argv) {
+  auto u = [&](int i) { return static_cast<uint32_t>(std::stoul(argv[i])); };
+  std::cout << deep_gemm::jit::generateKernel(u(1), u(2), u(3), u(4), 128, 1, u(5), u(6),
+                                              deep_gemm::GemmType::Normal, std::string(argv[7]) == "1");
+}
+"""
+
+
+def test_kernel_source_is_flashinfers_own_generator_output(tmp_path):
+    """FlashInfer's generateKernel and gemm_type_to_string, cut from the installed headers and compiled with the host
+    C++ compiler, print the same kernel source as ours for swap-AB and normal configs, multicast 1 and 2; the header
+    is one whose hash the package lists as restated."""
+    dg = _flashinfer_deep_gemm()
+    compiler, jit_utils, scheduler = ((dg / f).read_text() for f in ("compiler.cuh", "jit_utils.cuh", "scheduler.cuh"))
+    assert hashlib.sha256((dg / "compiler.cuh").read_bytes()).hexdigest() in fs.RESTATED_COMPILER_CUH
+    (tmp_path / "harness.cpp").write_text(HARNESS % dict(
+        enum=next(line for line in scheduler.splitlines() if line.startswith("enum class GemmType")),
+        to_string=_cpp_function(jit_utils, "inline std::string gemm_type_to_string("),
+        generate=_cpp_function(compiler, "inline std::string generateKernel(", "\n  return code;\n}\n")))
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "a host C++ compiler is needed to run FlashInfer's kernel generator"
+    build = subprocess.run([cxx, "-std=c++17", "-o", str(tmp_path / "gen"), str(tmp_path / "harness.cpp")],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    cases = [(1, 5120, 2048), (16, 2048, 4096), (100, 5120, 2048), (4096, 2048, 768), (8192, 4096, 14336)]
+    seen = set()
+    for m, n, k in cases:
+        cfg = fs.tile_config(m, n, k, 132)
+        seen.add((cfg.swap_ab, cfg.multicast))
+        theirs = subprocess.run([str(tmp_path / "gen"), str(n), str(k), str(cfg.block_m), str(cfg.block_n),
+                                 str(cfg.stages), str(cfg.multicast), "1" if cfg.swap_ab else "0"],
+                                capture_output=True, text=True, check=True).stdout
+        assert fs.kernel_source(n, k, cfg) == theirs, (m, n, k, cfg)
+    assert seen >= {(True, 1), (False, 1), (False, 2)}
+
+
+def test_nvcc_command_carries_flashinfers_flags():
+    """Every flag of our nvcc command is one FlashInfer's Compiler::build passes with nvcc, and the reverse."""
+    build = _cpp_function((_flashinfer_deep_gemm() / "compiler.cuh").read_text(), "  Runtime* build(", "\n  }\n")
+    nvcc_part = build[build.index("std::vector<std::string> flags = {"):build.index("std::vector<std::string> cxxFlags")]
+    cxx_part = build[build.index("cxxFlags = {"):build.index("};", build.index("cxxFlags = {"))]
+    theirs = re.findall(r'"([^"]*)"', nvcc_part) + ["--compiler-options=" + ",".join(re.findall(r'"([^"]*)"', cxx_part))]
+    ours = fs.nvcc_command(Path("kernel.cu"), Path("out.cubin"))
+    assert ours[1:4] == ["kernel.cu", "-o", "out.cubin"]
+    assert sorted(ours[4:-1]) == sorted(theirs) and ours[-1] == f"-I{_flashinfer_deep_gemm().parent}"
+    assert "--gpu-architecture=sm_90a" in theirs and "-cubin" in theirs
+
+
+@pytest.mark.skipif(shutil.which(fs.nvcc_compiler()) is None, reason="needs nvcc (CUDA toolkit) on this machine")
+def test_compile_tile_configs_writes_each_cubin_where_flashinfer_reads_it(tmp_path, monkeypatch):
+    """Two configs compiled by concurrent nvcc processes into $TRTLLM_DG_CACHE_DIR/cache/<FlashInfer's kernel
+    name>/nvcc_kernel.cubin; a second call finds them; a failing nvcc names the kernel in one line."""
+    monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path))
+    cfgs = [fs.tile_config(1, 512, 256, 132), fs.tile_config(64, 512, 256, 132)]
+    assert cfgs[0] != cfgs[1]
+    assert fs.compile_tile_configs(512, 256, cfgs, progress=False) == 2
+    for cfg in cfgs:
+        cubin = tmp_path / "cache" / fs.jit_kernel_name(512, 256, cfg) / "nvcc_kernel.cubin"
+        data = cubin.read_bytes()
+        assert data[:4] == b"\x7fELF" and (b"fp8_gemm_kernel_swapAB" if cfg.swap_ab else b"fp8_gemm_kernel") in data
+    assert fs.compile_tile_configs(512, 256, cfgs, progress=False) == 0
+    assert not [p for p in (tmp_path / "tmp").iterdir() if p.is_dir()]  # work folders removed
+    monkeypatch.setenv("TRTLLM_DG_NVCC_COMPILER", shutil.which("false"))
+    with pytest.raises(fs.KernelCompileError, match=r"nvcc failed on FlashInfer SM90 GEMM kernel gemm_512_256_"):
+        fs.compile_tile_configs(512, 256, [fs.tile_config(4096, 512, 256, 132)], progress=False)

@@ -206,6 +206,41 @@ def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
                             "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_trtllm")
 
 
+def test_launch_builds_each_planned_kernels_jit_module_once_in_the_background(tmp_path, monkeypatch, caplog):
+    """The launch plans an MXFP8 MoE checkpoint with FlashInfer's dense GEMM and the Triton MoE: FlashInfer's GEMM
+    module is built once, in a background thread of the launching process (not once per layer; the Triton MoE has no
+    JIT module); a build that fails is one warning, and the launch goes on."""
+    import logging
+    import threading
+    from types import SimpleNamespace
+
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.format.convert import convert
+    from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
+    from sglang_mxfp8.platform import GpuSpec
+    from sglang_mxfp8.sglang.plugin import start_prebuilds, validate_launch
+
+    mx = tmp_path / "mx"
+    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
+    args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(mx))
+    plans = validate_launch(args, GpuSpec("NVIDIA H200", 90))
+    assert {plan.base.name for plan in plans} == {"flashinfer_sm90", "triton_moe"} and len(plans) >= 3
+    built = []
+    monkeypatch.setattr(FlashInferSm90, "prebuild", lambda self: built.append(threading.current_thread().name))
+    threads = start_prebuilds(plans)
+    for thread in threads:
+        thread.join(30)
+    assert built == ["sglang_mxfp8 build flashinfer_sm90"] and all(t.daemon for t in threads)
+    monkeypatch.setattr(FlashInferSm90, "prebuild", lambda self: 1 / 0)
+    with caplog.at_level(logging.WARNING, logger="sglang_mxfp8"):
+        for thread in start_prebuilds(plans):
+            thread.join(30)
+    assert "building flashinfer_sm90's JIT module at launch failed (ZeroDivisionError: division by zero); the server " \
+           "builds it when it loads the model" in caplog.text
+    assert validate_launch(SimpleNamespace(**{**vars(args), "model_path": str(tmp_path / "bf16")}),
+                           GpuSpec("NVIDIA H200", 90)) == []  # a BF16 checkpoint: nothing of ours to build
+
+
 def test_modelopt_mxfp8_described_only_by_hf_quant_config(tmp_path):
     ckpt = write_config(tmp_path / "modelopt-file")
     (ckpt / "hf_quant_config.json").write_text(json.dumps({

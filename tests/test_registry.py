@@ -304,8 +304,17 @@ def test_settings_read_new_and_deprecated_switches(env, disabled, precompile):
     deprecated = [name for name in env if name not in ("SGLANG_MXFP8_DISABLED_KERNELS", "SGLANG_MXFP8_PRECOMPILE",
                                                        "SGLANG_MXFP8_ENABLED_KERNELS")
                   and not (name == "SGLANG_MXFP8_GEMV" and env[name] == "1")]
-    assert len(s.deprecations) == len(deprecated)
-    assert all("deprecated" in note and "SGLANG_MXFP8_" in note for note in s.deprecations)
+    assert len(s.warnings) == len(deprecated)
+    assert all("deprecated" in note and "SGLANG_MXFP8_" in note for note in s.warnings)
+
+
+@pytest.mark.parametrize("value,jobs,warned", [(None, None, False), ("0", 0, False), (" 12", 12, False),
+                                               ("many", None, True), ("-1", None, True)])
+def test_compile_jobs_setting(value, jobs, warned):
+    s = Settings.from_env({} if value is None else {"SGLANG_MXFP8_COMPILE_JOBS": value})
+    assert s.compile_jobs == jobs
+    assert [w for w in s.warnings if "SGLANG_MXFP8_COMPILE_JOBS" in w and "one per CPU" in w] == (
+        [s.warnings[0]] if warned else [])
 
 
 OPTED_IN = Settings.from_env({"SGLANG_MXFP8_ENABLED_KERNELS": "triton_w8a8_moe, flashinfer_cutlass_moe_sm90"})

@@ -139,6 +139,10 @@ class Kernel:
     def precompile(self, layer: torch.nn.Module, state: LayerState, min_m: int, max_m: int) -> Optional[int]:
         return None
 
+    def prebuild(self) -> None:
+        """Compile, CPU only, the JIT module this kernel loads (into the library's cache), so that a launch can
+        start it in the background before the model loads."""
+
     def __repr__(self) -> str:
         return self.name
 

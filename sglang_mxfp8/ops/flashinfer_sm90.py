@@ -1,10 +1,13 @@
 """Host side of FlashInfer's SM90 block-scale GEMM (``fp8_blockscale_gemm_sm90``, FlashInfer 0.6.7.post3).
 
-That op compiles one kernel per tile config with NVRTC the first time the config is used, and keeps
-it in memory only, so every server process compiles again. The config follows from M (the tokens in
-the batch) by DeepGEMM's wave heuristic: a prefill batch whose M selects a config not seen yet stalls
-the server while it compiles (3 s stalls seen on the H200, benchmarks/RESULTS.md). :func:`configs_up_to`
-lists every config a layer shape can select up to the largest batch the server runs, so the kernel runs each once at load.
+That op compiles one kernel per tile config the first time the config is used: FlashInfer's DeepGEMM JIT
+(csrc/nv_internal/tensorrt_llm/deep_gemm/compiler.cuh) runs nvcc on a generated source and keeps the cubin in
+its cache folder ($TRTLLM_DG_CACHE_DIR/cache, else ~/.tensorrt_llm/cache), where later processes read it back.
+The config follows from M (the tokens in the batch) by DeepGEMM's wave heuristic: a prefill batch whose M selects a
+config not compiled yet stalls the server while it compiles (3 s stalls seen on the H200, benchmarks/RESULTS.md).
+:func:`configs_up_to` lists every config a layer shape can select up to the largest batch the server runs, so the
+kernel runs each once at load; :func:`compile_tile_configs` compiles those not in the cache yet with concurrent
+nvcc processes first (FlashInfer compiles one after another), writing each where FlashInfer's JIT looks for it.
 
 The heuristic is FlashInfer's ``gemm_dispatch`` (csrc/nv_internal/tensorrt_llm/kernels/cutlass_kernels/
 fp8_blockscale_gemm/fp8_blockscale_gemm_kernel.cuh) and ``get_best_gemm_config``
@@ -13,7 +16,17 @@ fp8_blockscale_gemm/fp8_blockscale_gemm_kernel.cuh) and ``get_best_gemm_config``
 
 from __future__ import annotations
 
-from typing import Dict, NamedTuple
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, Iterable, List, NamedTuple, Optional
 
 SM90_SMEM_BYTES = 232448
 BLOCK_K = 128
@@ -84,3 +97,169 @@ def configs_up_to(n: int, k: int, max_m: int, num_sms: int) -> Dict[TileConfig, 
     for m in range(1, max_m + 1):
         seen.setdefault(tile_config(m, n, k, num_sms), m)
     return seen
+
+
+# -- concurrent compilation into FlashInfer's DeepGEMM JIT cache ------------------------------------------------------
+# sha256 of the compiler.cuh files whose kernel generator (generateKernel), nvcc flags and cache layout the functions
+# below restate (tests/test_flashinfer_sm90.py compiles FlashInfer's own generateKernel and compares): FlashInfer
+# 0.6.7.post3 and 0.7.2 ship the same file. Any other file: FlashInfer compiles its kernels itself, as before.
+RESTATED_COMPILER_CUH = frozenset({"e8a19b7954e44be0e9d7bafaca0448b60ce8f56bf39765903d5935957b0716f7"})
+KERNEL_FILE = "nvcc_kernel.cubin"  # FlashInfer's kJitUseNvcc is always true in these releases
+_NUM_TMA_THREADS = _NUM_MATH_THREADS_PER_GROUP = 128
+
+
+def _deep_gemm_dir() -> Path:
+    from flashinfer.jit import env as jit_env
+
+    return Path(jit_env.FLASHINFER_CSRC_DIR) / "nv_internal" / "tensorrt_llm"
+
+
+@functools.lru_cache(maxsize=1)
+def concurrent_compile_unsupported() -> Optional[str]:
+    """Why :func:`compile_tile_configs` cannot stand in for FlashInfer's own compiler here, or None."""
+    try:
+        header = _deep_gemm_dir() / "deep_gemm" / "compiler.cuh"
+        digest = hashlib.sha256(header.read_bytes()).hexdigest()
+    except (ImportError, OSError) as e:
+        return f"FlashInfer's DeepGEMM JIT source is not readable ({e})"
+    if digest not in RESTATED_COMPILER_CUH:
+        return f"{header} is not a version whose kernel generator sglang_mxfp8 restates (sha256 {digest[:12]})"
+    if shutil.which(nvcc_compiler()) is None:
+        return f"no nvcc at {nvcc_compiler()}"
+    return None
+
+
+def jit_user_dir() -> Path:
+    """FlashInfer's DeepGEMM JIT folder (getDefaultUserDir): $TRTLLM_DG_CACHE_DIR, else ~/.tensorrt_llm."""
+    if os.environ.get("TRTLLM_DG_CACHE_DIR"):
+        return Path(os.environ["TRTLLM_DG_CACHE_DIR"])
+    if os.environ.get("HOME"):
+        return Path(os.environ["HOME"]) / ".tensorrt_llm"
+    return Path(tempfile.gettempdir()) / "tensorrt_llm"
+
+
+def nvcc_compiler() -> str:
+    """The nvcc FlashInfer's JIT runs (getNvccCompiler): $TRTLLM_DG_NVCC_COMPILER, else $CUDA_HOME/bin/nvcc, else nvcc."""
+    if os.environ.get("TRTLLM_DG_NVCC_COMPILER"):
+        return os.environ["TRTLLM_DG_NVCC_COMPILER"]
+    if os.environ.get("CUDA_HOME"):
+        return str(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc")
+    return "nvcc"
+
+
+def kernel_source(n: int, k: int, cfg: TileConfig) -> str:
+    """FlashInfer's generateKernel(n, k, block_m, block_n, 128, 1, stages, multicast, GemmType::Normal, swap_ab)."""
+    scheduler, kernel, scheduler_input = (
+        ("SchedulerSelectorSwapAB", "fp8_gemm_kernel_swapAB", "NormalSchedulerInputSwapAB") if cfg.swap_ab
+        else ("SchedulerSelector", "fp8_gemm_kernel", "NormalSchedulerInput"))
+    tile = f"{n}, {k}, {cfg.block_m}, {cfg.block_n}, {BLOCK_K}, 1"  # one group
+    threads = f"{_NUM_TMA_THREADS}, {_NUM_MATH_THREADS_PER_GROUP}"
+    return _KERNEL_TEMPLATE.format(
+        scheduler=f"{scheduler}<GemmType::Normal, {tile}, {cfg.multicast}>::type",
+        kernel=f"{kernel}<{tile}, {cfg.stages}, {threads}, {cfg.multicast}, SchedulerType, {scheduler_input}>")
+
+
+_KERNEL_TEMPLATE = """
+#ifdef __CUDACC_RTC__
+#ifndef NVRTC_JIT_COMPILATION
+#define NVRTC_JIT_COMPILATION
+#endif
+
+#include <deep_gemm/nvrtc_std.cuh>
+
+#else
+
+#include <string>
+#include <cuda.h>
+
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <deep_gemm/nvrtc_cutlass.cuh>
+#include <deep_gemm/fp8_gemm_impl.cuh>
+
+using namespace deep_gemm;
+
+using SchedulerType =
+typename {scheduler};
+
+__global__ void dummy_kernel() {{
+  void *ptr = (void *)&{kernel};
+}}
+"""
+
+
+def nvcc_command(source: Path, cubin: Path) -> List[str]:
+    """FlashInfer's nvcc command line for one kernel (Compiler::build with kJitUseNvcc), include folder as FlashInfer
+    sets it (set_deepgemm_jit_include_dirs)."""
+    return [nvcc_compiler(), str(source), "-o", str(cubin), "-std=c++17", "--gpu-architecture=sm_90a",
+            "--ptxas-options=-allow-expensive-optimizations=true", "--ptxas-options=--register-usage-level=10",
+            "--diag-suppress=161,174,177,940", "-D__FORCE_INCLUDE_CUDA_FP16_HPP_FROM_FP16_H__=1",
+            "-D__FORCE_INCLUDE_CUDA_BF16_HPP_FROM_BF16_H__=1", "-O3", "-cubin", "--expt-relaxed-constexpr",
+            "--expt-extended-lambda", "--compiler-options=-fPIC,-O3,-Wno-deprecated-declarations,-Wno-abi",
+            f"-I{_deep_gemm_dir()}"]
+
+
+class KernelCompileError(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _exclusive(lock: Path):
+    """One process at a time per kernel (tensor-parallel ranks load the same layers at once); released when the
+    process dies."""
+    with open(lock, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _compile_one(n: int, k: int, cfg: TileConfig, cache: Path, tmp: Path) -> bool:
+    name = jit_kernel_name(n, k, cfg)
+    cubin = cache / name / KERNEL_FILE
+    if cubin.exists():
+        return False
+    with _exclusive(tmp / f"{name}.sglang_mxfp8.lock"):
+        if cubin.exists():  # another rank compiled it while this one waited
+            return False
+        work = Path(tempfile.mkdtemp(prefix=f"{name}_", dir=tmp))
+        try:
+            (work / "kernel.cu").write_text(kernel_source(n, k, cfg))
+            done = subprocess.run(nvcc_command(work / "kernel.cu", work / KERNEL_FILE), capture_output=True, text=True)
+            if done.returncode != 0 or not (work / KERNEL_FILE).exists():
+                raise KernelCompileError(f"nvcc failed on FlashInfer SM90 GEMM kernel {name} (exit {done.returncode}): "
+                                         + " ".join((done.stderr or done.stdout).split())[:300])
+            (cache / name).mkdir(parents=True, exist_ok=True)
+            os.replace(work / KERNEL_FILE, cubin)  # atomic: FlashInfer's JIT sees the whole cubin or none
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return True
+
+
+def compile_tile_configs(n: int, k: int, configs: Iterable[TileConfig], jobs: Optional[int] = None,
+                         progress: bool = True) -> int:
+    """Compile, with up to ``jobs`` concurrent nvcc processes (default: every CPU), the kernels of
+    ``fp8_blockscale_gemm_sm90`` for an [N, K] weight at these tile configs that FlashInfer's cache does not hold
+    yet, into the cache path its JIT reads them back from; returns how many were compiled."""
+    why = concurrent_compile_unsupported()
+    if why:
+        raise KernelCompileError(why)
+    user = jit_user_dir()
+    cache, tmp = user / "cache", user / "tmp"
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    todo = [cfg for cfg in dict.fromkeys(configs) if not (cache / jit_kernel_name(n, k, cfg) / KERNEL_FILE).exists()]
+    if not todo:
+        return 0
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs or os.cpu_count() or 1, len(todo)))) as pool:
+        futures = [pool.submit(_compile_one, n, k, cfg, cache, tmp) for cfg in todo]
+        compiled = 0
+        for fut in tqdm(futures, desc=f"sglang_mxfp8: FlashInfer SM90 GEMM [{n} x {k}] kernels (nvcc, {len(todo)})",
+                        leave=False, disable=not progress):
+            compiled += fut.result()
+    return compiled

@@ -50,14 +50,16 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from .. import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG, error_line
 from ..format import checkpoint
 from ..kernels import registry
-from ..kernels.base import Mxfp8ConfigError
+from ..kernels.base import Kernel, Mxfp8ConfigError, Plan
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -250,29 +252,57 @@ class Mxfp8LaunchError(SystemExit):
         self.message = message
 
 
-def validate_launch(args, gpu, settings=None) -> None:
+def validate_launch(args, gpu, settings=None) -> List[Plan]:
     """Fail before any process is spawned if the flags or a layer of the checkpoint cannot run MXFP8 on ``gpu``: the
-    same plans ``sglang-mxfp8 doctor`` prints (base kernels only: band kernels never make a layer fail)."""
+    same plans ``sglang-mxfp8 doctor`` prints (base kernels only: band kernels never make a layer fail). Returns
+    those plans (none where the checkpoint is not an MXFP8 one this package reads)."""
     try:
         registry.check_flag("linear", gpu, args.fp8_gemm_runner_backend, settings)
         path = Path(args.model_path or "")
         if not (path / "config.json").is_file():
-            return
+            return []
         if checkpoint.has_experts(path):
             registry.check_flag("moe", gpu, args.moe_runner_backend, settings)
         if checkpoint.detect_checkpoint(path) is None:  # --quantization mxfp8 on a BF16 checkpoint: SGLang's own
-            return
+            return []
         tp, ep = getattr(args, "tp_size", 1) or 1, getattr(args, "ep_size", 1) or 1
         try:
             plans = registry.plan_checkpoint(path, gpu, args.fp8_gemm_runner_backend, args.moe_runner_backend, tp, ep,
                                              settings, bands=False)
         except (OSError, ValueError, RuntimeError):  # unreadable weights: SGLang's loader says what is wrong with them
-            return
+            return []
         for what, plan in plans:
             if isinstance(plan, str):
                 raise Mxfp8ConfigError(plan)
+        return [plan for _, plan in plans]
     except Mxfp8ConfigError as e:
         raise Mxfp8LaunchError(str(e)) from None
+
+
+def start_prebuilds(plans: List[Plan]) -> List[threading.Thread]:
+    """Start, in background threads of the launching process, the CPU-only JIT builds of the planned base kernels
+    (FlashInfer modules compiled into its cache), so that they overlap SGLang's start-up and model load instead of
+    following them; the scheduler process loading the same module waits on FlashInfer's file lock for a build still
+    running."""
+    threads = []
+    for kernel in {plan.base.name: plan.base for plan in plans}.values():
+        if type(kernel).prebuild is Kernel.prebuild:
+            continue
+        thread = threading.Thread(target=_prebuild, args=(kernel,), name=f"sglang_mxfp8 build {kernel.name}", daemon=True)
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+def _prebuild(kernel: Kernel) -> None:
+    start = time.monotonic()
+    try:
+        kernel.prebuild()
+    except Exception as e:  # noqa: BLE001 - the scheduler builds (and reports) it again when it loads the model
+        logger.warning("sglang_mxfp8: building %s's JIT module at launch failed (%s: %s); the server builds it when it "
+                       "loads the model", kernel.name, type(e).__name__, str(e)[:200])
+    else:
+        logger.info("sglang_mxfp8: %s's JIT module ready %.0f s after launch", kernel.name, time.monotonic() - start)
 
 
 def _keeps_our_moe_backend(args, gpu) -> bool:
@@ -293,7 +323,7 @@ def moe_kernel_config(args, stock: Callable[[], None], stock_unquantized: Callab
 
     gpu = visible_gpu()
     if gpu is not None:
-        validate_launch(args, gpu)
+        start_prebuilds(validate_launch(args, gpu))
     if not _keeps_our_moe_backend(args, gpu):
         return stock()
     # SGLang's MXFP8 rewrite and its ModelOpt-only flashinfer_cutlass assert describe its own

@@ -4,7 +4,8 @@ import torch
 
 from ...ops import flashinfer_sm90
 from ... import platform
-from ..base import OK, precompile_batches
+from ...settings import current as current_settings
+from ..base import OK, log_once, precompile_batches
 from .hopper_layout import HopperBlockScaleKernel, block_scale
 
 
@@ -25,6 +26,11 @@ class FlashInferSm90(HopperBlockScaleKernel):
             return False, f"needs K % 128 == 0 and N % 64 == 0 (N={spec.n}, K={spec.k})"
         return OK
 
+    def prebuild(self):
+        from flashinfer.jit.gemm import gen_fp8_blockscale_gemm_sm90_module
+
+        gen_fp8_blockscale_gemm_sm90_module().build(verbose=False)
+
     def gemm(self, layer, state, x, bias):
         from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
@@ -32,14 +38,23 @@ class FlashInferSm90(HopperBlockScaleKernel):
         return out if bias is None else out + bias
 
     def precompile(self, layer, state, min_m, max_m):
-        """Every tile config the op can select for min_m..max_m tokens: it compiles each with NVRTC on first use,
-        in memory only, and a served batch that meets a new one stalls for seconds (ops/flashinfer_sm90.py)."""
+        """Every tile config the op can select for min_m..max_m tokens: it compiles each with nvcc on first use, and
+        a served batch that meets a new one stalls for seconds (ops/flashinfer_sm90.py). Those not in FlashInfer's
+        cache are compiled first by concurrent nvcc processes; running each batch size then loads them."""
         from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
         w, dtype = layer.weight, getattr(layer, "orig_dtype", torch.bfloat16)
         n, k = w.shape
         num_sms = torch.cuda.get_device_properties(w.device).multi_processor_count
-        ms = sorted(m for m in flashinfer_sm90.configs_up_to(n, k, max_m, num_sms).values() if m >= min_m)
+        configs = {cfg: m for cfg, m in flashinfer_sm90.configs_up_to(n, k, max_m, num_sms).items() if m >= min_m}
+        jobs = current_settings().compile_jobs
+        try:
+            if jobs != 0:
+                flashinfer_sm90.compile_tile_configs(n, k, configs, jobs)
+        except (flashinfer_sm90.KernelCompileError, OSError) as e:
+            log_once(30, f"sglang_mxfp8: FlashInfer SM90 GEMM kernels not compiled concurrently ({e}); FlashInfer "
+                         "compiles them itself, one after another")
+        ms = sorted(configs.values())
         return precompile_batches(
             ("flashinfer_sm90", n, k, dtype, w.device), f"FlashInfer SM90 GEMM [{n} x {k}] tile configs", ms, w.device,
             lambda rows: torch.zeros(rows, k, dtype=dtype, device=w.device),

@@ -68,6 +68,9 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
         return size_refusal(spec, 128, "which FlashInfer's FP8 block-scale MoE needs (128x128 weight blocks)",
                             "the masked W8A8 MoE (triton_w8a8_moe) serves such layers")
 
+    def prebuild(self):
+        flashinfer_moe_sm90.build()
+
     def create_buffers(self, layer, spec, state):
         flashinfer_moe_sm90.build()
         super().create_buffers(layer, spec, state)

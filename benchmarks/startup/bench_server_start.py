@@ -1,0 +1,86 @@
+"""Server start time with the stock launcher (process start to /health_generate answering), BF16 against MXFP8, on
+empty compile caches (a fresh machine) and again on the caches that start left (a restart), all in one run.
+
+Each cache set is its own folder for FlashInfer's JIT modules (FLASHINFER_WORKSPACE_BASE), FlashInfer's DeepGEMM
+kernels (TRTLLM_DG_CACHE_DIR), DeepGEMM's (DG_JIT_CACHE_DIR), Triton's (TRITON_CACHE_DIR) and TorchInductor's
+(TORCHINDUCTOR_CACHE_DIR). Runs, in order: BF16 fresh, BF16 restart, MXFP8 fresh, MXFP8 restart, and with
+--compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone (SGLANG_MXFP8_COMPILE_JOBS=0).
+Python's imports are warmed once first, so that the first run does not pay for a cold page cache alone.
+
+    python benchmarks/startup/bench_server_start.py --out OUT --bf16 CKPT_BF16 --mx CKPT_MX \
+        --mx-flags "--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton" --label tiny
+"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sglang_mxfp8.cli.serving import Server
+
+CACHE_VARS = {"FLASHINFER_WORKSPACE_BASE": "flashinfer", "TRTLLM_DG_CACHE_DIR": "trtllm_deep_gemm",
+              "DG_JIT_CACHE_DIR": "deep_gemm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+
+
+def cache_env(root: Path, fresh: bool) -> dict:
+    if fresh and root.exists():
+        shutil.rmtree(root)
+    env = {var: str(root / sub) for var, sub in CACHE_VARS.items()}
+    for path in env.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def plugin_compile_lines(log: Path) -> list:
+    return [line.split("sglang_mxfp8:", 1)[1].strip()[:160] for line in log.read_text().splitlines()
+            if "sglang_mxfp8:" in line and ("ran " in line or "JIT module" in line or "compil" in line)][:6]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--bf16", required=True)
+    ap.add_argument("--mx", required=True)
+    ap.add_argument("--mx-flags", default="--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend triton")
+    ap.add_argument("--flags", default="", help="launch flags for every server")
+    ap.add_argument("--label", default="model")
+    ap.add_argument("--cache-root", default="/tmp/start_caches")
+    ap.add_argument("--compile-jobs-zero", action="store_true")
+    ap.add_argument("--port", type=int, default=30400)
+    ap.add_argument("--timeout", type=int, default=560)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-c", "import sglang.launch_server, sglang.srt.models.qwen3_moe, sglang_mxfp8"],
+                   check=True)
+    root = Path(args.cache_root) / args.label
+    runs = [("BF16", "fresh", args.bf16, "", {}), ("BF16", "restart", args.bf16, "", {}),
+            ("MXFP8", "fresh", args.mx, args.mx_flags, {}), ("MXFP8", "restart", args.mx, args.mx_flags, {})]
+    if args.compile_jobs_zero:
+        runs.append(("MXFP8, FlashInfer compiling alone", "fresh", args.mx, args.mx_flags,
+                     {"SGLANG_MXFP8_COMPILE_JOBS": "0"}))
+    table = out / f"startup_{args.label}.md"
+    lines = [f"{args.label}: start to /health_generate (s), stock launcher, flags {args.flags or '(base)'}", "",
+             "| server | caches | start s | the plugin's compile lines |", "|---|---|---|---|"]
+    for i, (kind, caches, ckpt, flags, extra) in enumerate(runs):
+        cache_set = "mx" if kind.startswith("MXFP8") else "bf16"
+        if extra:
+            cache_set += "_jobs0"
+        env = {**cache_env(root / cache_set, caches == "fresh"), **extra}
+        name = f"{args.label}_{kind.split(',')[0].lower()}_{caches}{'_jobs0' if extra else ''}"
+        server = Server(name, ckpt, f"{args.flags} {flags}".strip(), args.port + i, out, env=env)
+        try:
+            server.wait(timeout=args.timeout)
+            seconds = time.time() - server.t0
+        finally:
+            server.stop()
+        notes = "; ".join(plugin_compile_lines(server.log)) or "-"
+        lines.append(f"| {kind} | {caches} | {seconds:.0f} | {notes} |")
+        print(lines[-1], flush=True)
+        table.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
