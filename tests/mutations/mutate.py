@@ -74,6 +74,20 @@ MUTATIONS = [
      "if obj is not None:", ["tests/test_plugin.py::test_a_probe_takes_the_first_location_that_has_what_the_patch_needs"]),
     ("flag-successor", "versions", "cli/serving.py", "if name in RENAMED_FLAGS and name not in known:",
      "if name in RENAMED_FLAGS and name in known:", ["tests/test_serving.py"]),
+    ("opt-in-ignored", "dispatch", "kernels/base.py",
+     "(None if self.name in settings.enabled_kernels else self.opt_in(gpu))", "None", DISPATCH),
+    ("off-grid-deepgemm-band", "dispatch", "kernels/moe/deepgemm.py", "return size_refusal(spec, 128,",
+     "return size_refusal(spec, 32,", DISPATCH),
+    ("masked-moe-act-scale", "kernels", "ops/triton_sm90.py", "sa = tl.load(sa_ptr + rows * stride_sam + kb,",
+     "sa = tl.load(sa_ptr + rows * stride_sam + 0 * kb,",
+     ["tests/test_triton_cpu.py::test_interpreted_masked_w8a8_moe_matches_float64_reference"]),
+    ("trimmed-moe-sources", "build", "ops/flashinfer_moe_sm90.py",
+     "return not source.name.startswith(_MOE_GEMM_KERNELS) or source.name.endswith(_RUNNER_DTYPES)", "return True",
+     ["tests/test_flashinfer_moe_build.py"]),
+    ("trimmed-binding-guard", "build", "ops/flashinfer_moe_sm90.py", "    if (use_deepseek_fp8_block_scale && mActivationDtype",
+     "    if (mActivationDtype", ["tests/test_flashinfer_moe_build.py"]),
+    ("kernel-source-stages", "compile", "ops/flashinfer_sm90.py", "{cfg.stages}, {threads}", "{cfg.stages - 1}, {threads}",
+     ["tests/test_flashinfer_sm90.py"]),
 ]
 
 
