@@ -148,3 +148,40 @@ def test_compile_tile_configs_writes_each_cubin_where_flashinfer_reads_it(tmp_pa
     monkeypatch.setenv("TRTLLM_DG_NVCC_COMPILER", shutil.which("false"))
     with pytest.raises(fs.KernelCompileError, match=r"nvcc failed on FlashInfer SM90 GEMM kernel gemm_512_256_"):
         fs.compile_tile_configs(512, 256, [fs.tile_config(4096, 512, 256, 132)], progress=False)
+
+
+def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path, monkeypatch, capsys):
+    """``sglang-mxfp8 build --gpu h200 --model M`` on this GPU-less machine: each planned kernel's JIT module built
+    once (FlashInfer's GEMM module for the dense layers; the Triton MoE has none), then, where nvcc is installed, the
+    kernels of every dense layer shape for batches up to --max-tokens, exactly the ones a server's load would run,
+    written into FlashInfer's cache; a second run finds them all. Wrong flags and no GPU are one line each."""
+    import torch
+
+    from sglang_mxfp8.cli import main as cli
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.format.convert import convert
+    from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
+
+    mx = tmp_path / "mx"
+    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
+    monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path / "dg"))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    built = []
+    monkeypatch.setattr(FlashInferSm90, "prebuild", lambda self: built.append(self.name))
+    args = ["build", "--gpu", "h200", "--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend", "triton",
+            "--max-tokens", "48"]
+    if not torch.cuda.is_available():
+        assert cli(args[:1]) == 2 and "name the server's with --gpu h100 or --gpu h200" in capsys.readouterr().err
+    assert cli(args[:1] + ["--gpu", "b200"]) == 0 and "nothing to compile ahead for NVIDIA B200" in capsys.readouterr().out
+    assert cli(args[:4] + ["flashinfer_cutlass"]) == 1
+    assert capsys.readouterr().err.strip().endswith("valid choices on this GPU: auto, triton, flashinfer_trtllm")
+    assert cli(args) == 0 and built == ["flashinfer_sm90"]  # no --model: the flags' modules alone
+    capsys.readouterr()
+    if shutil.which(fs.nvcc_compiler()) is None:
+        return  # the kernels need nvcc (CUDA toolkit); the modules' part is checked above
+    assert cli(args + ["--model", str(mx)]) == 0 and built == ["flashinfer_sm90"] * 2
+    expected = {fs.jit_kernel_name(n, k, cfg) for n, k in ((512, 256), (256, 256))  # qkv, o of the tiny model
+                for cfg in fs.configs_up_to(n, k, 48, 132)}
+    assert {p.name for p in (tmp_path / "dg" / "cache").iterdir()} == expected
+    assert f"{len(expected)} kernels compiled for batches up to 48 tokens on 132 SMs" in capsys.readouterr().out
+    assert cli(args + ["--model", str(mx)]) == 0 and "0 kernels compiled" in capsys.readouterr().out

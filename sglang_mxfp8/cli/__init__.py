@@ -1,4 +1,5 @@
-"""``sglang-mxfp8``: convert checkpoints, check what each layer will run on, and run the demo."""
+"""``sglang-mxfp8``: convert checkpoints, check what each layer will run on, compile its kernels ahead of a server,
+and run the demo."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def doctor_cmd(args) -> int:
     from .doctor import doctor
 
     return doctor(args)
+
+
+def build_cmd(args) -> int:
+    from .build import build
+
+    return build(args)
 
 
 def demo_cmd(args) -> int:
@@ -60,6 +67,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     c.set_defaults(func=convert_cmd)
 
     for name, helptext, func in (("doctor", "what each layer will run on", doctor_cmd),
+                                 ("build", "compile on the CPU what a server on this GPU compiles at its first start",
+                                  build_cmd),
                                  ("demo", "convert and serve a small model", demo_cmd)):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--fp8-gemm-backend", default="auto", choices=DENSE_FLAGS)
@@ -69,6 +78,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub.choices["doctor"].add_argument("--gpu", help="pretend GPU: h100, h200, b200, gb200, rtx6000")
     sub.choices["doctor"].add_argument("--tp", type=_parallel_size, default=1, help="tensor-parallel size: each rank's shapes")
     sub.choices["doctor"].add_argument("--ep-size", type=_parallel_size, default=1, help="expert-parallel size (divides --tp)")
+    b = sub.choices["build"]
+    b.add_argument("--model", help="MXFP8 checkpoint folder: also the kernels its layer shapes select")
+    b.add_argument("--gpu", help="the server's GPU, where this machine has none: h100, h200")
+    b.add_argument("--tp", type=_parallel_size, default=1, help="tensor-parallel size of the server")
+    b.add_argument("--ep-size", type=_parallel_size, default=1, help="expert-parallel size of the server")
+    b.add_argument("--max-tokens", type=_parallel_size, default=16384,
+                   help="largest batch the server runs (at least its --chunked-prefill-size; default 16384)")
+    b.add_argument("--jobs", type=_parallel_size, default=None, help="concurrent compiler processes (default: one per CPU)")
     sub.choices["demo"].add_argument("--workdir", help="where to write the checkpoints (default: a temp dir)")
     sub.choices["demo"].add_argument("--port", type=int, default=30123)
     args = ap.parse_args(argv)

@@ -143,6 +143,11 @@ class Kernel:
         """Compile, CPU only, the JIT module this kernel loads (into the library's cache), so that a launch can
         start it in the background before the model loads."""
 
+    def compile_ahead(self, spec, min_m: int, max_m: int, num_sms: int, jobs: Optional[int] = None) -> int:
+        """Compile, CPU only, the kernels this kernel would compile on first use for batches of min_m..max_m tokens of
+        a layer (into the library's cache, where a server reads them back); returns how many it compiled."""
+        return 0
+
     def __repr__(self) -> str:
         return self.name
 

@@ -133,6 +133,14 @@ def kernel_names() -> List[str]:
     return [k.name for k in all_kernels()]
 
 
+def flag_kernels(kind: str, gpu: GpuSpec, flag: str, settings: Settings = None) -> List[Kernel]:
+    """The kernels of a flag's priority list that can run on ``gpu`` (any layer shape); Mxfp8ConfigError (one line)
+    where the flag cannot run MXFP8 ``kind`` layers there."""
+    settings = settings or current_settings()
+    check_flag(kind, gpu, flag, settings)
+    return [e.kernel for e in TABLES[kind][0][(gpu.arch, flag)] if e.kernel.is_supported(gpu, settings)[0]]
+
+
 def opt_in_kernels(gpu: GpuSpec) -> List[str]:
     """The kernels for ``gpu``'s architecture that run only where SGLANG_MXFP8_ENABLED_KERNELS names them."""
     return [k.name for k in all_kernels() if gpu.arch in k.archs and k.opt_in(gpu)]
