@@ -3,8 +3,10 @@ empty compile caches (a fresh machine) and again on the caches that start left (
 
 Each cache set is its own folder for FlashInfer's JIT modules (FLASHINFER_WORKSPACE_BASE), FlashInfer's DeepGEMM
 kernels (TRTLLM_DG_CACHE_DIR), DeepGEMM's (DG_JIT_CACHE_DIR), Triton's (TRITON_CACHE_DIR) and TorchInductor's
-(TORCHINDUCTOR_CACHE_DIR). Runs, in order: BF16 fresh, BF16 restart, MXFP8 fresh, MXFP8 restart, and with
---compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone (SGLANG_MXFP8_COMPILE_JOBS=0).
+(TORCHINDUCTOR_CACHE_DIR). Runs, in order: BF16 fresh, BF16 restart, MXFP8 fresh, MXFP8 restart; with
+--compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone (SGLANG_MXFP8_COMPILE_JOBS=0); with
+--build-first MXFP8 on empty caches that ``sglang-mxfp8 build`` then filled (an image built with it; its own time
+in the notes column).
 Python's imports are warmed once first, so that the first run does not pay for a cold page cache alone.
 
     python benchmarks/startup/bench_server_start.py --out OUT --bf16 CKPT_BF16 --mx CKPT_MX \
@@ -12,6 +14,7 @@ Python's imports are warmed once first, so that the first run does not pay for a
 """
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -33,6 +36,16 @@ def cache_env(root: Path, fresh: bool) -> dict:
     return env
 
 
+def backend_flags(flags: str) -> list:
+    """The --fp8-gemm-backend / --moe-runner-backend pairs of a launch flag string, for sglang-mxfp8 build."""
+    words = flags.split()
+    out = []
+    for flag, value in zip(words, words[1:]):
+        if flag in ("--fp8-gemm-backend", "--moe-runner-backend"):
+            out += [flag, value]
+    return out
+
+
 def plugin_compile_lines(log: Path) -> list:
     return [line.split("sglang_mxfp8:", 1)[1].strip()[:160] for line in log.read_text().splitlines()
             if "sglang_mxfp8:" in line and ("ran " in line or "JIT module" in line or "compil" in line)][:6]
@@ -48,6 +61,7 @@ def main():
     ap.add_argument("--label", default="model")
     ap.add_argument("--cache-root", default="/tmp/start_caches")
     ap.add_argument("--compile-jobs-zero", action="store_true")
+    ap.add_argument("--build-first", action="store_true")
     ap.add_argument("--port", type=int, default=30400)
     ap.add_argument("--timeout", type=int, default=560)
     args = ap.parse_args()
@@ -61,22 +75,29 @@ def main():
     if args.compile_jobs_zero:
         runs.append(("MXFP8, FlashInfer compiling alone", "fresh", args.mx, args.mx_flags,
                      {"SGLANG_MXFP8_COMPILE_JOBS": "0"}))
+    if args.build_first:
+        runs.append(("MXFP8 after sglang-mxfp8 build", "fresh, then built", args.mx, args.mx_flags, {}))
     table = out / f"startup_{args.label}.md"
     lines = [f"{args.label}: start to /health_generate (s), stock launcher, flags {args.flags or '(base)'}", "",
              "| server | caches | start s | the plugin's compile lines |", "|---|---|---|---|"]
     for i, (kind, caches, ckpt, flags, extra) in enumerate(runs):
-        cache_set = "mx" if kind.startswith("MXFP8") else "bf16"
-        if extra:
-            cache_set += "_jobs0"
-        env = {**cache_env(root / cache_set, caches == "fresh"), **extra}
-        name = f"{args.label}_{kind.split(',')[0].lower()}_{caches}{'_jobs0' if extra else ''}"
+        cache_set = ("mx" if kind.startswith("MXFP8") else "bf16") + ("_jobs0" if extra else "") + (
+            "_built" if caches.endswith("built") else "")
+        env = {**cache_env(root / cache_set, caches != "restart"), **extra}
+        name = f"{args.label}_{cache_set}_{caches.split(',')[0]}"
+        built = ""
+        if caches.endswith("built"):
+            start = time.time()
+            subprocess.run(["sglang-mxfp8", "build", "--model", ckpt, *backend_flags(flags)], check=True,
+                           env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+            built = f"sglang-mxfp8 build {time.time() - start:.0f} s before the start; "
         server = Server(name, ckpt, f"{args.flags} {flags}".strip(), args.port + i, out, env=env)
         try:
             server.wait(timeout=args.timeout)
             seconds = time.time() - server.t0
         finally:
             server.stop()
-        notes = "; ".join(plugin_compile_lines(server.log)) or "-"
+        notes = built + ("; ".join(plugin_compile_lines(server.log)) or "-")
         lines.append(f"| {kind} | {caches} | {seconds:.0f} | {notes} |")
         print(lines[-1], flush=True)
         table.write_text("\n".join(lines) + "\n")
