@@ -29,7 +29,9 @@ class FlashInferSm90(HopperBlockScaleKernel):
     def prebuild(self):
         from flashinfer.jit.gemm import gen_fp8_blockscale_gemm_sm90_module
 
-        gen_fp8_blockscale_gemm_sm90_module().build(verbose=False)
+        spec = gen_fp8_blockscale_gemm_sm90_module()
+        if not spec.is_aot:  # flashinfer-jit-cache ships it prebuilt
+            spec.build(verbose=False)
 
     def gemm(self, layer, state, x, bias):
         from flashinfer.gemm import fp8_blockscale_gemm_sm90
