@@ -149,6 +149,7 @@ def _write_if_different(path: Path, text: str) -> None:
 
 
 _lock = threading.Lock()
+_built = []  # the .so once this process has built or found it: every MoE layer's load asks again
 
 
 @contextlib.contextmanager
@@ -170,15 +171,18 @@ def _progress(what: str):
 
 
 def build(verbose: bool = False) -> Path:
-    """Compile the trimmed module into FlashInfer's JIT cache (nothing to do when it is there); returns the .so."""
-    spec = block_scale_moe_spec()
+    """Compile the trimmed module into FlashInfer's JIT cache (nothing to do when it is there, once per process);
+    returns the .so."""
     with _lock:
-        if not spec.is_compiled:
-            logger.info("compiling FlashInfer's SM90 FP8 block-scale fused MoE (%d sources, once per FlashInfer "
-                        "version; cached in %s)", len(spec.sources), spec.build_dir)
-        with _progress("FlashInfer SM90 fused MoE"):
-            spec.build(verbose)
-    return spec.jit_library_path
+        if not _built:
+            spec = block_scale_moe_spec()
+            if not spec.is_compiled:
+                logger.info("compiling FlashInfer's SM90 FP8 block-scale fused MoE (%d sources, once per FlashInfer "
+                            "version; cached in %s)", len(spec.sources), spec.build_dir)
+            with _progress("FlashInfer SM90 fused MoE"):
+                spec.build(verbose)
+            _built.append(spec.jit_library_path)
+    return _built[0]
 
 
 @functools.lru_cache(maxsize=1)

@@ -26,7 +26,8 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, Iterable, List, NamedTuple, Optional
+from types import MappingProxyType
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional
 
 SM90_SMEM_BYTES = 232448
 BLOCK_K = 128
@@ -91,12 +92,14 @@ def jit_kernel_name(n: int, k: int, cfg: TileConfig) -> str:
             f"{g}_{st}_{cfg.multicast}_Normal")
 
 
-def configs_up_to(n: int, k: int, max_m: int, num_sms: int) -> Dict[TileConfig, int]:
-    """{config: the smallest M that selects it} over M = 1 .. max_m."""
+@functools.lru_cache(maxsize=None)
+def configs_up_to(n: int, k: int, max_m: int, num_sms: int) -> Mapping[TileConfig, int]:
+    """{config: the smallest M that selects it} over M = 1 .. max_m (read-only; once per shape and process: every
+    layer of a shape asks, and the walk over M takes 0.2 s at 16384 tokens)."""
     seen: Dict[TileConfig, int] = {}
     for m in range(1, max_m + 1):
         seen.setdefault(tile_config(m, n, k, num_sms), m)
-    return seen
+    return MappingProxyType(seen)
 
 
 # -- concurrent compilation into FlashInfer's DeepGEMM JIT cache ------------------------------------------------------

@@ -5,7 +5,7 @@ import torch
 from ...ops import flashinfer_sm90
 from ... import platform
 from ...settings import current as current_settings
-from ..base import OK, LinearSpec, log_once, precompile_batches
+from ..base import OK, log_once, precompile_batches
 from .hopper_layout import HopperBlockScaleKernel, block_scale
 
 
@@ -48,14 +48,15 @@ class FlashInferSm90(HopperBlockScaleKernel):
         w, dtype = layer.weight, getattr(layer, "orig_dtype", torch.bfloat16)
         n, k = w.shape
         num_sms = torch.cuda.get_device_properties(w.device).multi_processor_count
+        configs = _configs(n, k, min_m, max_m, num_sms)
         jobs = current_settings().compile_jobs
         try:
             if jobs != 0:
-                self.compile_ahead(LinearSpec("", n, k, dtype), min_m, max_m, num_sms, jobs)
+                flashinfer_sm90.compile_tile_configs(n, k, configs, jobs)
         except (flashinfer_sm90.KernelCompileError, OSError) as e:
             log_once(30, f"sglang_mxfp8: FlashInfer SM90 GEMM kernels not compiled concurrently ({e}); FlashInfer "
                          "compiles them itself, one after another")
-        ms = sorted(_configs(n, k, min_m, max_m, num_sms).values())
+        ms = sorted(configs.values())
         return precompile_batches(
             ("flashinfer_sm90", n, k, dtype, w.device), f"FlashInfer SM90 GEMM [{n} x {k}] tile configs", ms, w.device,
             lambda rows: torch.zeros(rows, k, dtype=dtype, device=w.device),
