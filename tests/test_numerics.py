@@ -13,6 +13,7 @@ from sglang_mxfp8.format.numerics import (
     dequantize_block_fp8,
     dequantize_mxfp8,
     e8m0_to_float,
+    moe_reference,
     quantize_activation_1x128,
     quantize_mxfp8,
 )
@@ -173,3 +174,32 @@ def test_activation_1x128_reference():
     assert q.shape == (7, 352) and s.shape == (7, 3)
     d = (q.float().reshape(7, -1)[:, :352] * s.repeat_interleave(128, 1)[:, :352])
     assert ((d - x).norm() / x.norm()).item() < 0.04
+
+
+def test_moe_reference_matches_a_per_token_float64_loop():
+    """The host MoE reference of the Hopper MoE tests against a per-token, per-slot float64 loop on the same
+    dequantized experts (no FP8 activations: the loop rounds GEMM1 and SiLU-and-mul to bf16 as the reference does),
+    hidden 160 off the 128 grid; [up; gate] rows with up_first give the same output as [gate; up] without."""
+    g = torch.Generator().manual_seed(7)
+    e_count, h, inter, top_k, m = 5, 160, 128, 2, 9
+    w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h, generator=g) * 0.05)
+    w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter, generator=g) * 0.05)
+    b13 = torch.stack([convert_to_block_scales(w13[e].clone(), s13[e], 128)[0] for e in range(e_count)])
+    b2 = torch.stack([convert_to_block_scales(w2[e].clone(), s2[e], 128)[0] for e in range(e_count)])
+    x = torch.randn(m, h, generator=g)
+    tw, ids = torch.topk(torch.softmax(torch.randn(m, e_count, generator=g), -1), top_k, dim=-1)
+    expected = torch.zeros(m, h, dtype=torch.float64)
+    for t in range(m):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            gate_up = (dequantize_block_fp8(w13[e], b13[e], 128).double() @ x[t].double()).bfloat16().double()
+            act = (torch.nn.functional.silu(gate_up[:inter]) * gate_up[inter:]).bfloat16().double()
+            expected[t] += tw[t, j].double() * (dequantize_block_fp8(w2[e], b2[e], 128).double() @ act)
+    got = moe_reference(x, w13, b13, w2, b2, tw, ids, fp8_activations=False)
+    assert got.shape == (m, h) and ((got.double() - expected).norm() / expected.norm()).item() < 1e-5
+    half = inter // 128  # gate and up each whole 128-row scale blocks: swapping them swaps their block-scale rows
+    swapped = moe_reference(x, torch.cat([w13[:, inter:], w13[:, :inter]], 1), torch.cat([b13[:, half:], b13[:, :half]], 1),
+                            w2, b2, tw, ids, fp8_activations=False, up_first=True)
+    assert torch.equal(swapped, got)
+    fp8 = moe_reference(x, w13, b13, w2, b2, tw, ids)
+    assert 0 < ((fp8.double() - expected).norm() / expected.norm()).item() < 0.05  # 1x128 FP8 activations

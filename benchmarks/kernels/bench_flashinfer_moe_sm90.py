@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
+from sglang_mxfp8.format.numerics import moe_reference
 from sglang_mxfp8.ops import flashinfer_moe_sm90
 from sglang_mxfp8.platform import deep_gemm_missing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_moe import (E, H, I, TOPK, experts, fp8_reference, graph_per_call_us, outplace_fused_experts,  # noqa: E402
-                       routing, triton_block_fp8)
+from bench_moe import E, H, I, TOPK, experts, graph_per_call_us, outplace_fused_experts, routing, triton_block_fp8  # noqa: E402,E501
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from plot_speedup import plot_beside  # noqa: E402
@@ -66,7 +66,7 @@ def main():
     for m in MS:
         x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16, generator=gen)
         routings = [routing(m, gen) for _ in range(16 if m == 1 else 1)]
-        ref = fp8_reference(x, q13, c13.block_scale, q2, c2.block_scale, *routings[0])
+        ref = moe_reference(x, q13, c13.block_scale, q2, c2.block_scale, *routings[0])
 
         def rel(out):
             return ((out.float() - ref).norm() / ref.norm()).item()

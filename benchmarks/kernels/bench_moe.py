@@ -51,41 +51,22 @@ def routing(m, gen):
     return (w / w.sum(-1, keepdim=True)).float(), ids.int()
 
 
-def experts(inter: int, gen):
+def experts(inter: int, gen, num_experts: int = E, hidden: int = H):
     """Random BF16 experts and their MXFP8 form on our Hopper path (converted 128x128 block scales):
     (w13, w2, w13 e4m3, w2 e4m3, w13 converter, w2 converter, MXFP8 bytes incl. every derived buffer)."""
-    w13_16 = (torch.randn(E, 2 * inter, H, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-    w2_16 = (torch.randn(E, H, inter, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    w13_16 = (torch.randn(num_experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+    w2_16 = (torch.randn(num_experts, hidden, inter, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     q13, s13 = quantize_mxfp8(w13_16)
     q2, s2 = quantize_mxfp8(w2_16)
-    c13 = BlockScaleConverter(E, 2 * inter, H, 128, "cuda", "w13")
-    c2 = BlockScaleConverter(E, H, inter, 128, "cuda", "w2")
+    c13 = BlockScaleConverter(num_experts, 2 * inter, hidden, 128, "cuda", "w13")
+    c2 = BlockScaleConverter(num_experts, hidden, inter, 128, "cuda", "w2")
     torch.cuda.synchronize()
     mx_bytes = torch.cuda.memory_allocated() - base  # weights + checkpoint scales + all derived buffers
     c13.refresh(q13, s13)
     c2.refresh(q2, s2)
     return w13_16, w2_16, q13, q2, c13, c2, mx_bytes
-
-
-def fp8_reference(x, q13, s13, q2, s2, tw, ids):
-    """float32 SiLU-gated MoE on converted weights ([gate; up] rows, 128x128 block scales) with both GEMM inputs
-    1x128 FP8-quantized and the intermediates rounded to bf16, as the W8A8 kernels compute it."""
-    from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128
-
-    def operand(a):
-        q, s = quantize_activation_1x128(a)
-        return q.float() * s.repeat_interleave(128, 1)[:, : a.shape[1]]
-
-    inter = q2.shape[2]
-    ref = torch.zeros(x.shape, device=x.device)
-    for e in ids.unique().tolist():
-        rows, slots = (ids == e).nonzero(as_tuple=True)
-        h = (operand(x[rows].float()) @ dequantize_block_fp8(q13[e], s13[e], 128).t()).bfloat16().float()
-        act = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).bfloat16().float()
-        ref.index_add_(0, rows, (operand(act) @ dequantize_block_fp8(q2[e], s2[e], 128).t()) * tw[rows, slots, None])
-    return ref
 
 
 def triton_block_fp8(x, q13, q2, s13, s2, tw, ids):

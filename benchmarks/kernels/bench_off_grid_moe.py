@@ -14,12 +14,11 @@ from pathlib import Path
 import torch
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-from sglang_mxfp8.format.numerics import quantize_mxfp8
-from sglang_mxfp8.format.refit import BlockScaleConverter
+from sglang_mxfp8.format.numerics import moe_reference
 from sglang_mxfp8.ops.triton_sm90 import moe_w8a8
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_moe import fp8_reference, outplace_fused_experts as fused_experts  # noqa: E402
+from bench_moe import experts, outplace_fused_experts as fused_experts, triton_block_fp8  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,40 +42,27 @@ def main():
              "|---|---|---|---|---|---|"]
     notes = []
     for name, e_count, h, inter, top_k in LAYERS:
-        w13_16 = (torch.randn(e_count, 2 * inter, h, device="cuda", generator=gen) * 0.02).bfloat16()
-        w2_16 = (torch.randn(e_count, h, inter, device="cuda", generator=gen) * 0.02).bfloat16()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        q13, s13 = quantize_mxfp8(w13_16)
-        q2, s2 = quantize_mxfp8(w2_16)
-        c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cuda", "w13")
-        c2 = BlockScaleConverter(e_count, h, inter, 128, "cuda", "w2")
-        torch.cuda.synchronize()
-        ratio = (torch.cuda.memory_allocated() - base) / (w13_16.numel() + w2_16.numel()) / 2
+        w13_16, w2_16, q13, q2, c13, c2, mx_bytes = experts(inter, gen, e_count, h)
+        ratio = mx_bytes / (w13_16.numel() + w2_16.numel()) / 2
         notes.append(f"{name}: MXFP8 weights + checkpoint scales + derived buffers = {ratio:.4f}x BF16")
-        c13.refresh(q13, s13)
-        c2.refresh(q2, s2)
         on_grid = h % 128 == 0 and inter % 128 == 0
         for m in MS:
             x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16, generator=gen)
             logits = torch.randn(m, e_count, device="cuda", generator=gen)
             tw, ids = torch.topk(torch.softmax(logits, -1), top_k, dim=-1)
             tw, ids = (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
-            ref = fp8_reference(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids)
+            ref = moe_reference(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids)
             bf16 = graph_us([lambda: fused_experts(x, w13_16, w2_16, tw, ids)])
             run = lambda: moe_w8a8(x, q13, c13.block_scale, q2, c2.block_scale, tw, ids)  # noqa: E731
             masked = graph_us([run])
             rel = ((run().float() - ref).norm() / ref.norm()).item()
             tri = "n/a"
             if on_grid:
-                t = graph_us([lambda: fused_experts(x, q13, q2, tw, ids, use_fp8_w8a8=True, w1_scale=c13.block_scale,
-                                                    w2_scale=c2.block_scale, block_shape=[128, 128])])
+                t = graph_us([lambda: triton_block_fp8(x, q13, q2, c13.block_scale, c2.block_scale, tw, ids)])
                 tri = f"{t:.1f} ({bf16 / t:.2f}x)"
             lines.append(f"| {name} | {m} | {bf16:.1f} | {masked:.1f} ({bf16 / masked:.2f}x) | {rel:.4f} | {tri} |")
             print(lines[-1], flush=True)
             Path(args.out).write_text("\n".join(lines + [""] + notes) + "\n")
-        del w13_16, w2_16, q13, q2, s13, s2, c13, c2
-        torch.cuda.empty_cache()
     print("\n".join(notes))
     plot_beside(args.out, "MoE layers off the 128 grid, masked W8A8 vs BF16, " + torch.cuda.get_device_name())
 

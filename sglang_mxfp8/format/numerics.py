@@ -198,3 +198,28 @@ def quantize_activation_1x128(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tens
     s = (xp.abs().amax(-1) / E4M3_MAX).clamp(min=1e-12)
     q = (xp / s.unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).reshape(m, kb * 128)[:, :k]
     return q.contiguous(), s
+
+
+def moe_reference(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor, fp8_activations: bool = True,
+                  up_first: bool = False) -> torch.Tensor:
+    """float32 SiLU-gated MoE on FP8 experts with 128x128 block scales, the host reference of the Hopper MoE kernels:
+    w13 [E, 2I, H] as [gate; up] rows ([up; gate] with ``up_first``), w2 [E, H, I]; each GEMM1 output and the
+    SiLU-and-mul result rounded to bf16 as the kernels store them; ``fp8_activations``: both GEMM inputs quantized per
+    1x128 group first (:func:`quantize_activation_1x128`), as the W8A8 kernels do."""
+    def operand(a):
+        if not fp8_activations:
+            return a
+        q, s = quantize_activation_1x128(a)
+        return q.float() * s.repeat_interleave(128, 1)[:, : a.shape[1]]
+
+    inter = w2.shape[2]
+    ref = torch.zeros(x.shape, device=x.device)
+    for e in topk_ids.unique().tolist():
+        rows, slots = (topk_ids == e).nonzero(as_tuple=True)
+        h = (operand(x[rows].float()) @ dequantize_block_fp8(w13[e], w13_scale[e], 128).t()).bfloat16().float()
+        up, gate = (h[:, :inter], h[:, inter:]) if up_first else (h[:, inter:], h[:, :inter])
+        act = (torch.nn.functional.silu(gate) * up).bfloat16().float()
+        y = operand(act) @ dequantize_block_fp8(w2[e], w2_scale[e], 128).t()
+        ref.index_add_(0, rows, y * topk_weights[rows, slots, None])
+    return ref

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 from sglang_mxfp8 import platform  # noqa: E402
-from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8  # noqa: E402
+from sglang_mxfp8.format.numerics import moe_reference, quantize_mxfp8  # noqa: E402
 from sglang_mxfp8.kernels import registry  # noqa: E402
 from sglang_mxfp8.kernels.base import MoESpec  # noqa: E402
 from sglang_mxfp8.ops import flashinfer_moe_sm90  # noqa: E402
@@ -45,22 +45,11 @@ def _case(m, seed, e_count, h, inter, top_k):
 
 
 def _reference(layer, x, tw, ids):
-    """float32 SiLU-gated MoE on the converted [up; gate] weights, both GEMM inputs 1x128 FP8-quantized and the
-    intermediate rounded to bf16, as the kernel computes it."""
-    def operand(a):
-        q, s = quantize_activation_1x128(a)
-        return q.float() * s.repeat_interleave(128, 1)[:, : a.shape[1]]
-
-    state, inter = layer.mxfp8_state, layer.w2_weight.shape[2]
-    ref = torch.zeros(x.shape, device="cuda")
-    for e in ids.unique().tolist():
-        rows, slots = (ids == e).nonzero(as_tuple=True)
-        h = operand(x[rows].float()) @ dequantize_block_fp8(layer.w13_weight[e], state.w13.block_scale[e], 128).t()
-        up, gate = h.bfloat16().float().split(inter, dim=1)
-        act = (torch.nn.functional.silu(gate) * up).bfloat16().float()
-        y = operand(act) @ dequantize_block_fp8(layer.w2_weight[e], state.w2.block_scale[e], 128).t()
-        ref.index_add_(0, rows, y * tw[rows, slots, None])
-    return ref
+    """The host MoE reference on the converted [up; gate] weights, both GEMM inputs 1x128 FP8-quantized, as the kernel
+    computes it."""
+    state = layer.mxfp8_state
+    return moe_reference(x, layer.w13_weight, state.w13.block_scale, layer.w2_weight, state.w2.block_scale, tw, ids,
+                         up_first=True)
 
 
 def _rel(out, ref):

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 from sglang_mxfp8 import platform  # noqa: E402
-from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_mxfp8  # noqa: E402
+from sglang_mxfp8.format.numerics import dequantize_block_fp8, moe_reference, quantize_mxfp8  # noqa: E402
 from sglang_mxfp8.kernels import registry  # noqa: E402
 from sglang_mxfp8.kernels.base import Entry, LayerState, LinearSpec, MoESpec, Plan  # noqa: E402
 from sglang_mxfp8.settings import Settings  # noqa: E402
@@ -266,26 +266,8 @@ def _moe_case(m, seed, e_count=16, h=512, inter=256, top_k=4):
 
 
 def _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations: bool):
-    """float32 SiLU-gated MoE on the converted weights, intermediates rounded to bf16 as the kernels store them;
-    fp8_activations: both GEMM inputs 1x128-quantized first."""
-    from sglang_mxfp8.format.numerics import quantize_activation_1x128
-
-    def operand(a):
-        if not fp8_activations:
-            return a
-        q, s = quantize_activation_1x128(a)
-        return q.float() * s.repeat_interleave(128, 1)[:, : a.shape[1]]
-
-    inter = w2.shape[2]
-    ref = torch.zeros(x.shape, device="cuda")
-    for e in range(w13.shape[0]):
-        rows, slots = (ids == e).nonzero(as_tuple=True)
-        if len(rows):
-            gate_up = (operand(x[rows].float()) @ dequantize_block_fp8(w13[e], c13.block_scale[e], 128).t()).bfloat16().float()
-            act = (torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]).bfloat16().float()
-            y = operand(act) @ dequantize_block_fp8(w2[e], c2.block_scale[e], 128).t()
-            ref.index_add_(0, rows, y * tw[rows, slots, None])
-    return ref
+    """The host MoE reference (format.numerics.moe_reference) on the converted weights."""
+    return moe_reference(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, fp8_activations)
 
 
 @pytest.mark.parametrize("m", [1, 4, 16, 64])
