@@ -88,12 +88,8 @@ def test_interpreted_weight_only_kernel_matches_float32_reference():
     assert float(p.stdout.split()[-1]) < 1e-5  # exact weights, fp32 operands and accumulation
 
 
-MOE_WEIGHT_ONLY = r"""
+ALIGN = r"""
 import torch
-import torch.nn.functional as F
-from sglang_mxfp8.ops import triton_sm90 as th
-from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_mxfp8
-from sglang_mxfp8.format.refit import BlockScaleConverter
 
 def align(topk_ids, block, num_experts):
     # SGLang's moe_align_block_size contract: ids grouped by expert, each group padded to the block
@@ -108,6 +104,13 @@ def align(topk_ids, block, num_experts):
             experts += [e] * (len(ids) // block)
     sorted_ids = torch.cat(groups)
     return sorted_ids, torch.tensor(experts, dtype=torch.int32), torch.tensor([len(sorted_ids)], dtype=torch.int32)
+"""
+
+MOE_WEIGHT_ONLY = ALIGN + r"""
+import torch.nn.functional as F
+from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_mxfp8
+from sglang_mxfp8.format.refit import BlockScaleConverter
 
 torch.manual_seed(2)
 worst = 0.0
@@ -144,13 +147,11 @@ def test_interpreted_weight_only_moe_matches_float64_reference():
     assert float(p.stdout.split()[-1]) < 1e-5  # exact expert weights, fp32 operands and accumulation
 
 
-MOE_W8A8 = r"""
-import torch
+MOE_W8A8 = ALIGN + r"""
 import torch.nn.functional as F
 from sglang_mxfp8.ops import triton_sm90 as th
 from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
 from sglang_mxfp8.format.refit import BlockScaleConverter
-""" + MOE_WEIGHT_ONLY.split("torch.manual_seed(2)")[0].split("from sglang_mxfp8.format.refit import BlockScaleConverter")[1] + r"""
 
 def silu_and_mul(u):
     return (F.silu(u[:, :u.shape[1] // 2].float()) * u[:, u.shape[1] // 2:].float()).to(u.dtype)

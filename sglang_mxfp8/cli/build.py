@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List
 
 from ..kernels import registry
-from ..kernels.base import Kernel, Mxfp8ConfigError, Plan
+from ..kernels.base import Mxfp8ConfigError, Plan, with_jit_modules
 from ..ops.flashinfer_sm90 import KernelCompileError
 from .doctor import gpu_from_arg
 
@@ -45,13 +45,13 @@ def build(args) -> int:
     with contextlib.nullcontext() if here == gpu else as_on_a_server():
         try:
             plans = _plans(args, gpu)
-            kernels = [k for plan in plans for k in plan_kernels(plan)] if args.model else [
+            kernels = [entry.kernel for plan in plans for entry in plan.entries] if args.model else [
                 k for kind, flag in (("linear", args.fp8_gemm_backend), ("moe", args.moe_runner_backend))
                 for k in registry.flag_kernels(kind, gpu, flag)]
         except Mxfp8ConfigError as e:
             print(f"sglang-mxfp8 build: {e}", file=sys.stderr)
             return 1
-        for kernel in {k.name: k for k in kernels if type(k).prebuild is not Kernel.prebuild}.values():
+        for kernel in with_jit_modules(kernels):
             start = time.perf_counter()
             print(f"{kernel.name}: building its JIT module (once per library version; minutes the first time)",
                   flush=True)
@@ -84,7 +84,3 @@ def _plans(args, gpu) -> List[Plan]:
             raise Mxfp8ConfigError(f"{what}: {plan}")
         plans.append(plan)
     return plans
-
-
-def plan_kernels(plan: Plan) -> List[Kernel]:
-    return [entry.kernel for entry in plan.entries]

@@ -19,7 +19,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -151,6 +151,11 @@ class Kernel:
     def __repr__(self) -> str:
         return self.name
 
+
+
+def with_jit_modules(kernels: Iterable[Kernel]) -> List[Kernel]:
+    """Each of ``kernels`` that builds a JIT module (its own :meth:`Kernel.prebuild`), once."""
+    return list({k.name: k for k in kernels if type(k).prebuild is not Kernel.prebuild}.values())
 
 class LinearKernel(Kernel):
     def apply(self, layer, state: LayerState, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

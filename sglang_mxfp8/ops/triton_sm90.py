@@ -224,6 +224,24 @@ def _w8a16(x, w, w_s, scale_rows, bias, config):
 
 
 @triton.jit
+def _expert_tile(sorted_ids_ptr, expert_ids_ptr, num_valid, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's tile of SGLang's sorted-token layout (grid: N tiles, sorted-id blocks): its (token, slot) ids,
+    which of them are real (the padding ids are >= num_valid), the expert they share, the output columns."""
+    ids = tl.load(sorted_ids_ptr + tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M))
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return ids, ids < num_valid, tl.load(expert_ids_ptr + tl.program_id(1)).to(tl.int64), offs_n, offs_n < N
+
+
+@triton.jit
+def _store_expert_tile(acc, c_ptr, stride_cm, topk_w_ptr, ids, valid, offs_n, mask_n, MUL_ROUTED_WEIGHT: tl.constexpr):
+    """C[id] = acc (times the router weight of (token, slot) id), real ids and columns only."""
+    if MUL_ROUTED_WEIGHT:
+        acc *= tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
+    c = c_ptr + ids[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+
+
+@triton.jit
 def _moe_w8a16_kernel(
     a_ptr, b_ptr, c_ptr, sb_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, padded_ptr,
     N, K, KB, num_valid,
@@ -232,23 +250,14 @@ def _moe_w8a16_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """C[id] = A[id // A_ROW_DIV] @ W[expert]^T for the BLOCK_M sorted (token, slot) ids of one expert."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    if pid_m * BLOCK_M >= tl.load(padded_ptr):
+    if tl.program_id(1) * BLOCK_M >= tl.load(padded_ptr):
         return
-    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = ids < num_valid
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
+    ids, valid, expert, offs_n, mask_n = _expert_tile(sorted_ids_ptr, expert_ids_ptr, num_valid, N, BLOCK_M, BLOCK_N)
     a_rows = a_ptr + (ids // A_ROW_DIV)[:, None] * stride_am
     b_rows = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn
     s_rows = sb_ptr + expert * stride_se + (offs_n // 128) * stride_sn  # 128x128 blocks
     acc = _weight_only_dot(a_rows, valid, b_rows, mask_n, s_rows, K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
-    if MUL_ROUTED_WEIGHT:
-        acc *= tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
-    c = c_ptr + ids[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+    _store_expert_tile(acc, c_ptr, stride_cm, topk_w_ptr, ids, valid, offs_n, mask_n, MUL_ROUTED_WEIGHT)
 
 
 def _moe_gemm(a, w, w_s, out, sorted_ids, expert_ids, padded, topk_weights, a_row_div, config):
@@ -266,6 +275,17 @@ def _moe_gemm(a, w, w_s, out, sorted_ids, expert_ids, padded, topk_weights, a_ro
 MOE_W8A16_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
 
 
+def _moe_glue(align, silu_and_mul):
+    """SGLang's token alignment (moe_align_block_size) and sgl_kernel's SiLU-and-mul, where the caller passes none."""
+    if align is None:
+        from ..sglang.plugin import sglang_object
+
+        align = sglang_object("moe_align_block_size")  # moved in SGLang 0.5.11
+    if silu_and_mul is None:
+        from sgl_kernel import silu_and_mul
+    return align, silu_and_mul
+
+
 def moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=None, silu_and_mul=None):
     """Weight-only FP8 fused MoE: x [M, H] bf16; w13 [E, 2I, H] e4m3 ([gate; up] rows), w2 [E, H, I]
     e4m3, their 128x128 power-of-two scales [E, 2I/128, H/128] and [E, H/128, I/128]; topk_weights /
@@ -277,12 +297,7 @@ def moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=No
 
 def _moe_w8a16(x, w13, s13, w2, s2, topk_weights, topk_ids, config, align, silu_and_mul):
     """The launches, for any float activation dtype (Triton's CPU interpreter runs no bf16 dot)."""
-    if align is None:
-        from ..sglang.plugin import sglang_object
-
-        align = sglang_object("moe_align_block_size")  # moved in SGLang 0.5.11
-    if silu_and_mul is None:
-        from sgl_kernel import silu_and_mul
+    align, silu_and_mul = _moe_glue(align, silu_and_mul)
     m, top_k = topk_ids.shape
     cfg = config or MOE_W8A16_CONFIG
     sorted_ids, expert_ids, padded = align(topk_ids, cfg["BLOCK_M"], w13.shape[0])
@@ -304,16 +319,10 @@ def _moe_w8a8_kernel(
 ):
     """C[id] = (A * sa)[id // A_ROW_DIV] @ (W[expert] * sb)^T for the BLOCK_M sorted (token, slot) ids of one expert;
     A e4m3 with a float32 scale per (row, 128 columns), W e4m3 with 128x128 block scales; K and N tails masked."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    if pid_m * BLOCK_M >= tl.load(padded_ptr):
+    if tl.program_id(1) * BLOCK_M >= tl.load(padded_ptr):
         return
-    ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = ids < num_valid
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ids, valid, expert, offs_n, mask_n = _expert_tile(sorted_ids_ptr, expert_ids_ptr, num_valid, N, BLOCK_M, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_n = offs_n < N
     rows = ids // A_ROW_DIV
     a_rows = a_ptr + rows[:, None] * stride_am
     b_rows = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn
@@ -327,10 +336,7 @@ def _moe_w8a8_kernel(
         sa = tl.load(sa_ptr + rows * stride_sam + kb, mask=valid, other=0.0)
         sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
-    if MUL_ROUTED_WEIGHT:
-        acc *= tl.load(topk_w_ptr + ids, mask=valid, other=0.0)[:, None]
-    c = c_ptr + ids[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & mask_n[None, :])
+    _store_expert_tile(acc, c_ptr, stride_cm, topk_w_ptr, ids, valid, offs_n, mask_n, MUL_ROUTED_WEIGHT)
 
 
 def moe_w8a8_config(m: int, top_k: int, experts: int) -> dict:
@@ -357,12 +363,7 @@ def moe_w8a8(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=Non
     rows), w2 [E, H, I] e4m3, their 128x128 power-of-two scales [E, ceil(2I/128), ceil(H/128)] and
     [E, ceil(H/128), ceil(I/128)]; topk_weights / topk_ids [M, top_k] -> [M, H]. ``align`` and ``silu_and_mul``
     default to SGLang's / sgl_kernel's."""
-    if align is None:
-        from ..sglang.plugin import sglang_object
-
-        align = sglang_object("moe_align_block_size")
-    if silu_and_mul is None:
-        from sgl_kernel import silu_and_mul
+    align, silu_and_mul = _moe_glue(align, silu_and_mul)
     m, top_k = topk_ids.shape
     cfg = config or moe_w8a8_config(m, top_k, w13.shape[0])
     sorted_ids, expert_ids, padded = align(topk_ids, cfg["BLOCK_M"], w13.shape[0])

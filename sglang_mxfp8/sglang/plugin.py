@@ -59,7 +59,7 @@ from typing import Callable, Dict, List, Optional
 from .. import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG, error_line
 from ..format import checkpoint
 from ..kernels import registry
-from ..kernels.base import Kernel, Mxfp8ConfigError, Plan
+from ..kernels.base import Kernel, Mxfp8ConfigError, Plan, with_jit_modules
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -285,9 +285,7 @@ def start_prebuilds(plans: List[Plan]) -> List[threading.Thread]:
     following them; the scheduler process loading the same module waits on FlashInfer's file lock for a build still
     running."""
     threads = []
-    for kernel in {plan.base.name: plan.base for plan in plans}.values():
-        if type(kernel).prebuild is Kernel.prebuild:
-            continue
+    for kernel in with_jit_modules(plan.base for plan in plans):
         thread = threading.Thread(target=_prebuild, args=(kernel,), name=f"sglang_mxfp8 build {kernel.name}", daemon=True)
         thread.start()
         threads.append(thread)

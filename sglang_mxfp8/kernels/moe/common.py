@@ -55,6 +55,12 @@ def size_refusal(spec: MoESpec, multiple: int, needs: str, fix: str) -> Check:
     return OK
 
 
+
+def standard_sized_experts(spec: MoESpec, multiple: int, needs: str, fix: str, dtypes=(torch.bfloat16,)) -> Check:
+    """:func:`standard_experts`, then :func:`size_refusal`: the checks of our own MoE kernels on a block grid."""
+    ok, why = standard_experts(spec, dtypes)
+    return size_refusal(spec, multiple, needs, fix) if ok else (ok, why)
+
 class BlockScaleExperts(MoEKernel):
     """A Hopper MoE base kernel on the weights converted in place to 128x128 power-of-two block scales: the
     converters (``state.w13``, ``state.w2``) that every Hopper MoE kernel, band or base, reads."""

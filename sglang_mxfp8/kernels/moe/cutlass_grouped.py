@@ -5,7 +5,7 @@ from typing import Dict
 import torch
 
 from ..base import MoEKernel
-from .common import size_refusal, standard_experts
+from .common import standard_sized_experts
 
 
 class CutlassGroupedMoE:
@@ -53,11 +53,8 @@ class CutlassGroupedPrefillMoE(MoEKernel):
     scale_rows = 128
 
     def can_implement(self, spec):
-        ok, why = standard_experts(spec, CutlassGroupedMoE.activation_dtypes)
-        if not ok:
-            return ok, why
-        return size_refusal(spec, 128, "which its grouped GEMM needs (128x128 weight blocks)",
-                            "its batches go to the base kernel")
+        return standard_sized_experts(spec, 128, "which its grouped GEMM needs (128x128 weight blocks)",
+                                      "its batches go to the base kernel", CutlassGroupedMoE.activation_dtypes)
 
     def create_buffers(self, layer, spec, state):
         state.cutlass = CutlassGroupedMoE(spec.experts, spec.hidden, spec.intermediate, layer.w13_weight.device)

@@ -7,7 +7,7 @@ import torch
 from ...ops.deepgemm_sm90 import grouped_precompile_ms
 from ... import error_line, platform
 from ..base import MoEKernel, precompile_batches
-from .common import size_refusal, standard_experts
+from .common import standard_sized_experts
 
 
 class DeepGemmGroupedMoE:
@@ -76,11 +76,8 @@ class DeepGemmPrefillMoE(MoEKernel):
         return None if align == SEGMENT_ALIGN else f"deep_gemm's M alignment is {align}, not {SEGMENT_ALIGN}"
 
     def can_implement(self, spec):
-        ok, why = standard_experts(spec, DeepGemmGroupedMoE.activation_dtypes)
-        if not ok:
-            return ok, why
-        return size_refusal(spec, 128, "which its grouped GEMM needs (128x128 weight blocks)",
-                            "its batches go to the base kernel")
+        return standard_sized_experts(spec, 128, "which its grouped GEMM needs (128x128 weight blocks)",
+                                      "its batches go to the base kernel", DeepGemmGroupedMoE.activation_dtypes)
 
     def create_buffers(self, layer, spec, state):
         state.deepgemm = DeepGemmGroupedMoE(spec.experts, spec.hidden, spec.intermediate)

@@ -7,7 +7,7 @@ from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
 from ... import platform
 from ...settings import ENABLED_KERNELS_ENV
 from ..base import MOE_FLAG, OK, MoEKernel
-from .common import BlockScaleExperts, size_refusal, standard_experts
+from .common import BlockScaleExperts, standard_sized_experts
 
 
 class FlashInferCutlassMxfp8MoE(MoEKernel):
@@ -62,11 +62,8 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
                 f"use {MOE_FLAG} triton (the same block-FP8 weights, SGLang's Triton fused MoE)")
 
     def can_implement(self, spec):
-        ok, why = standard_experts(spec)
-        if not ok:
-            return ok, why
-        return size_refusal(spec, 128, "which FlashInfer's FP8 block-scale MoE needs (128x128 weight blocks)",
-                            "the masked W8A8 MoE (triton_w8a8_moe) serves such layers")
+        return standard_sized_experts(spec, 128, "which FlashInfer's FP8 block-scale MoE needs (128x128 weight blocks)",
+                                      "the masked W8A8 MoE (triton_w8a8_moe) serves such layers")
 
     def prebuild(self):
         flashinfer_moe_sm90.build()

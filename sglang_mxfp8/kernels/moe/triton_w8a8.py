@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ...settings import ENABLED_KERNELS_ENV
-from .common import BlockScaleExperts, size_refusal, standard_experts
+from .common import BlockScaleExperts, standard_sized_experts
 
 
 class TritonW8A8MoE(BlockScaleExperts):
@@ -13,10 +13,7 @@ class TritonW8A8MoE(BlockScaleExperts):
     title = "our Triton W8A8 fused MoE, K and N tails masked"
 
     def can_implement(self, spec):
-        ok, why = standard_experts(spec)
-        if not ok:
-            return ok, why
-        return size_refusal(spec, 32, "MXFP8's scale block", "keep this MoE layer BF16 (modules_to_not_convert)")
+        return standard_sized_experts(spec, 32, "MXFP8's scale block", "keep this MoE layer BF16 (modules_to_not_convert)")
 
     def opt_in(self, gpu):
         return (f"our masked Triton W8A8 MoE for sizes off the 128 grid is opt-in: checked by Triton's CPU "
