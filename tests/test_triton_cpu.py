@@ -347,3 +347,46 @@ def test_interpreted_grouped_moe_glue_matches_references():
     p = run_python(GROUPED_GLUE, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split()[-1] == "ok"
+
+
+SM90_COMPILE = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang_mxfp8.ops import triton_sm90 as th
+
+def compile_sm90(kernel, pointers, constexprs, config):
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in kernel.arg_names}
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", 90, 32), options=config)
+
+moe = {"sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "padded_ptr": "*i32", "topk_w_ptr": "*fp32",
+       "b_ptr": "*fp8e4nv", "sb_ptr": "*fp32", "c_ptr": "*bf16"}
+for m, top_k, experts in ((4, 8, 128), (4096, 8, 128)):  # both tile configs the masked MoE picks
+    cfg = th.moe_w8a8_config(m, top_k, experts)
+    tiles = {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
+    for gemm in (dict(A_ROW_DIV=top_k, MUL_ROUTED_WEIGHT=False), dict(A_ROW_DIV=1, MUL_ROUTED_WEIGHT=True)):
+        c = compile_sm90(th._moe_w8a8_kernel, {**moe, "a_ptr": "*fp8e4nv", "sa_ptr": "*fp32"},
+                         {**gemm, **tiles, "BLOCK_K": th.GROUP_K},
+                         {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+        print("w8a8", tiles["BLOCK_M"], len(c.asm["cubin"]), "wgmma" if "wgmma" in c.asm["ptx"] else
+              "mma" if "mma.sync" in c.asm["ptx"] else "no-mma")
+cfg = th.MOE_W8A16_CONFIG
+c = compile_sm90(th._moe_w8a16_kernel, {**moe, "a_ptr": "*bf16"},
+                 dict(A_ROW_DIV=1, MUL_ROUTED_WEIGHT=True, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                      BLOCK_K=th.GROUP_K), {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+print("w8a16", cfg["BLOCK_M"], len(c.asm["cubin"]), "mma" if "mma" in c.asm["ptx"] else "no-mma")
+"""
+
+
+def test_moe_kernels_compile_for_sm90_with_tensor_core_dots():
+    """Triton compiles the sorted-token MoE kernels for sm_90 on this GPU-less machine (the interpreter runs no
+    compiler): the masked W8A8 MoE at both tile configs it picks, its up and down GEMMs, lowers its FP8 dot to tensor
+    cores (wgmma for 64-row tiles, mma for 16-row ones); the weight-only MoE compiles too."""
+    p = run_python(SM90_COMPILE, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [line.split() for line in p.stdout.splitlines() if line.startswith(("w8a8", "w8a16"))]
+    assert [(kind, rows, dot) for kind, rows, _, dot in lines] == [
+        ("w8a8", "16", "mma"), ("w8a8", "16", "mma"), ("w8a8", "64", "wgmma"), ("w8a8", "64", "wgmma"),
+        ("w8a16", "16", "mma")]
+    assert all(int(size) > 10_000 for _, _, size, _ in lines)  # cubins, not empty modules
