@@ -188,7 +188,8 @@ def test_demo_cpu_path(tmp_path, capsys, monkeypatch, flashinfer_here):
     assert cli(["demo", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "56 tensors quantized" in out and "[4/4] done (CPU path)" in out
-    assert "NVIDIA H200 (SM90) --fp8-gemm-backend flashinfer_trtllm: o_proj [512 x 256]: other batches: flashinfer_sm90" in out
+    assert "NVIDIA H200 (SM90) --fp8-gemm-backend flashinfer_trtllm: qkv_proj [512 x 256]: other batches: flashinfer_sm90" in out
+    assert "NVIDIA H200 (SM90) --fp8-gemm-backend flashinfer_trtllm: o_proj [256 x 256]: other batches: flashinfer_sm90" in out
     assert "NVIDIA H200 (SM90) --moe-runner-backend auto: experts (8 experts, hidden 256, intermediate 128): " in out
     assert "other batches: triton_moe" in out
     assert platform.flashinfer_missing() == (None if flashinfer_here else

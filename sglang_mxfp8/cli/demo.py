@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 from ..format.convert import convert
 from ..kernels import registry
 from ..kernels.base import LinearSpec, MoESpec
 from ..platform import GpuSpec, as_on_a_server, visible_gpu
 from .doctor import KNOWN_GPUS
-from .tiny_model import write_qwen3_moe
+from .tiny_model import qwen3_moe_config, write_qwen3_moe
 
 
 def _cpu_check(bf16: Path, mx: Path) -> List[str]:
@@ -67,14 +67,25 @@ def demo(args) -> int:
     return 0
 
 
+def _demo_layers() -> Tuple[List[LinearSpec], MoESpec]:
+    """The demo model's dense layers (as SGLang fuses them) and its MoE layer, from the config it writes."""
+    c = qwen3_moe_config()
+    h, hd = c["hidden_size"], c["head_dim"]
+    qkv = (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * hd
+    dense = [LinearSpec("qkv_proj", qkv, h), LinearSpec("o_proj", h, c["num_attention_heads"] * hd)]
+    return dense, MoESpec("experts", c["num_experts"], h, c["moe_intermediate_size"])
+
+
 def _print_plans() -> None:
     """What an H200 and a B200 server would run for the demo model's shapes, flag by flag."""
+    dense, moe = _demo_layers()
     for name in ("h200", "b200"):
         g = GpuSpec(*KNOWN_GPUS[name])
         for flag in ("flashinfer_trtllm", "triton"):
-            plan = registry.select_linear(LinearSpec("o_proj", 512, 256), g, flag)
-            print(f"      {g.label} {registry.DENSE_FLAG} {flag}: {plan.explain(skipped=False)}")
-        plan = registry.select_moe(MoESpec("experts", 8, 256, 128), g, "auto")
+            for spec in dense:
+                plan = registry.select_linear(spec, g, flag)
+                print(f"      {g.label} {registry.DENSE_FLAG} {flag}: {plan.explain(skipped=False)}")
+        plan = registry.select_moe(moe, g, "auto")
         print(f"      {g.label} {registry.MOE_FLAG} auto: {plan.explain(skipped=False)}")
 
 
