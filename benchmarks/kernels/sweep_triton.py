@@ -105,7 +105,7 @@ def sweep_w8a16(out):
             lines.append(f"| {name} | {m} | {t16:.1f} | {t88:.1f} | {tdef:.1f} | {t:.1f} | {short(cfg)} | "
                          f"{t16 / t:.2f}x | {tried} |")
             print(lines[-1], flush=True)
-        del ws, w16
+        ws = w16 = None  # free the copies before the next shape
         torch.cuda.empty_cache()
     open(out, "w").write("\n".join(lines) + "\n")
 
@@ -179,7 +179,7 @@ def sweep_gemv(out):
         lines.append(f"| {name} (baseline: weight-only GEMM) | {t16:.1f} | {two:.1f} | {tdef:.1f} | {trule:.1f} | {t:.1f} | {short(cfg)} | "
                      f"{t16 / t:.2f}x | {two / t:.2f}x | {tried} |")
         print(lines[-1], flush=True)
-        del ws, w16
+        ws = w16 = None  # free the copies before the next shape
         torch.cuda.empty_cache()
     open(out, "w").write("\n".join(lines) + "\n")
 
