@@ -24,7 +24,7 @@ H200_SMS = 132
 def test_batch_one_config_matches_the_h200_profile(n, k):
     cfg = fs.tile_config(1, n, k, H200_SMS)
     assert cfg == fs.TileConfig(swap_ab=True, block_m=128, block_n=16, stages=8, multicast=1)
-    assert fs.jit_kernel_name(n, k, cfg) == f"gemm_swapAB_{n}_{k}_128_16_128_1_81_8_1_Normal"
+    assert fs.jit_kernel_name(fs.GemmShape(n, k), cfg) == f"gemm_swapAB_{n}_{k}_128_16_128_1_81_8_1_Normal"
 
 
 def test_swap_ab_below_32_tokens_and_multicast_from_1024():
@@ -37,13 +37,15 @@ def test_swap_ab_below_32_tokens_and_multicast_from_1024():
 
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (14336, 4096), (4096, 14336)])
 def test_every_config_up_to_max_m_has_its_smallest_m(n, k):
-    configs = fs.configs_up_to(n, k, 8192, H200_SMS)
+    configs = fs.configs_for(fs.GemmShape(n, k), 1, 8192, H200_SMS)
     assert 4 <= len(configs) <= 32  # a handful of kernels to compile per shape, not one per M
     for cfg, m in configs.items():
         assert fs.tile_config(m, n, k, H200_SMS) == cfg
         assert all(fs.tile_config(j, n, k, H200_SMS) != cfg for j in range(max(1, m - 64), m))
         assert fs._smem_bytes(cfg.stages, k, cfg.block_m, cfg.block_n, cfg.swap_ab) <= fs.SM90_SMEM_BYTES
     assert {fs.tile_config(m, n, k, H200_SMS) for m in range(1, 8193, 37)} <= set(configs)
+    band = fs.configs_for(fs.GemmShape(n, k), 1000, 3000, H200_SMS)  # a band kernel's batches: what they select
+    assert set(band) == {fs.tile_config(m, n, k, H200_SMS) for m in range(1000, 3001)} and min(band.values()) == 1000
 
 
 def test_serving_max_tokens_from_sglang_server_args():
@@ -72,51 +74,122 @@ def _cpp_function(source: str, signature: str, closing: str = "\n}\n") -> str:
 
 
 HARNESS = r"""
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 namespace deep_gemm {
 %(enum)s
 namespace jit {
+using GemmConfig = std::tuple<int, int, int, int, int>;
 %(to_string)s
+%(jit_utils)s
 %(generate)s
 }  // namespace jit
 }  // namespace deep_gemm
+// generate N K BLOCK_M BLOCK_N GROUPS STAGES MULTICAST GEMM_TYPE SWAP_AB: FlashInfer's kernel source
+// best M N K GROUPS SMS SWAP_AB: FlashInfer's get_best_gemm_config, as "block_m block_n stages multicast"
 int main(int argc, char** argv) {
   auto u = [&](int i) { return static_cast<uint32_t>(std::stoul(argv[i])); };
-  std::cout << deep_gemm::jit::generateKernel(u(1), u(2), u(3), u(4), 128, 1, u(5), u(6),
-                                              deep_gemm::GemmType::Normal, std::string(argv[7]) == "1");
+  using deep_gemm::GemmType;
+  if (std::string(argv[1]) == "best") {
+    auto [bm, bn, st, mc, smem] = deep_gemm::jit::get_best_gemm_config(u(2), u(3), u(4), u(5), u(6), false,
+                                                                       std::string(argv[7]) == "1");
+    std::cout << bm << " " << bn << " " << st << " " << mc << "\n";
+    return 0;
+  }
+  GemmType type = GemmType::Normal;
+  for (GemmType t : {GemmType::Normal, GemmType::GroupedWithOffset})
+    if (deep_gemm::jit::gemm_type_to_string(t) == argv[9]) type = t;
+  std::cout << deep_gemm::jit::generateKernel(u(2), u(3), u(4), u(5), 128, u(6), u(7), u(8), type,
+                                              std::string(argv[10]) == "1");
 }
 """
 
 
-def test_kernel_source_is_flashinfers_own_generator_output(tmp_path):
-    """FlashInfer's generateKernel and gemm_type_to_string, cut from the installed headers and compiled with the host
-    C++ compiler, print the same kernel source as ours for swap-AB and normal configs, multicast 1 and 2; the header
-    is one whose hash the package lists as restated."""
+@pytest.fixture(scope="module")
+def flashinfer_jit_functions(tmp_path_factory):
+    """FlashInfer's generateKernel, gemm_type_to_string, get_smem_size, is_tma_multicast_legal and
+    get_best_gemm_config, cut from the installed headers and compiled with the host C++ compiler: a program that
+    prints a kernel's source or the tile config FlashInfer picks."""
     dg = _flashinfer_deep_gemm()
     compiler, jit_utils, scheduler = ((dg / f).read_text() for f in ("compiler.cuh", "jit_utils.cuh", "scheduler.cuh"))
     assert hashlib.sha256((dg / "compiler.cuh").read_bytes()).hexdigest() in fs.RESTATED_COMPILER_CUH
-    (tmp_path / "harness.cpp").write_text(HARNESS % dict(
+    helpers = jit_utils[jit_utils.index("inline int div_up(int a, int b)"):]
+    helpers = helpers[:helpers.rindex("}  // namespace deep_gemm::jit")]
+    work = tmp_path_factory.mktemp("fi_jit")
+    (work / "harness.cpp").write_text(HARNESS % dict(
         enum=next(line for line in scheduler.splitlines() if line.startswith("enum class GemmType")),
         to_string=_cpp_function(jit_utils, "inline std::string gemm_type_to_string("),
+        jit_utils=helpers,
         generate=_cpp_function(compiler, "inline std::string generateKernel(", "\n  return code;\n}\n")))
     cxx = shutil.which("g++") or shutil.which("c++")
     assert cxx, "a host C++ compiler is needed to run FlashInfer's kernel generator"
-    build = subprocess.run([cxx, "-std=c++17", "-o", str(tmp_path / "gen"), str(tmp_path / "harness.cpp")],
+    build = subprocess.run([cxx, "-std=c++17", "-o", str(work / "fi_jit"), str(work / "harness.cpp")],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-2000:]
-    cases = [(1, 5120, 2048), (16, 2048, 4096), (100, 5120, 2048), (4096, 2048, 768), (8192, 4096, 14336)]
+
+    def run(*args) -> str:
+        return subprocess.run([str(work / "fi_jit"), *map(str, args)], capture_output=True, text=True, check=True).stdout
+
+    return run
+
+
+def test_kernel_source_is_flashinfers_own_generator_output(flashinfer_jit_functions):
+    """FlashInfer's own generateKernel prints the same kernel source as ours for swap-AB and normal configs,
+    multicast 1 and 2, a dense GEMM and the fused MoE's grouped GEMMs; the header is one whose hash the package
+    lists as restated."""
+    shapes = [fs.GemmShape(5120, 2048), fs.GemmShape(2048, 4096), fs.GemmShape(2048, 768), fs.GemmShape(4096, 14336),
+              *fs.moe_gemm_shapes(128, 2048, 768)]
     seen = set()
-    for m, n, k in cases:
-        cfg = fs.tile_config(m, n, k, 132)
-        seen.add((cfg.swap_ab, cfg.multicast))
-        theirs = subprocess.run([str(tmp_path / "gen"), str(n), str(k), str(cfg.block_m), str(cfg.block_n),
-                                 str(cfg.stages), str(cfg.multicast), "1" if cfg.swap_ab else "0"],
-                                capture_output=True, text=True, check=True).stdout
-        assert fs.kernel_source(n, k, cfg) == theirs, (m, n, k, cfg)
-    assert seen >= {(True, 1), (False, 1), (False, 2)}
+    for shape in shapes:
+        configs = fs.configs_for(shape, 1, 8192, 132)
+        for cfg in list(configs)[:: max(1, len(configs) // 4)]:
+            seen.add((shape.gemm_type, cfg.swap_ab, cfg.multicast))
+            theirs = flashinfer_jit_functions("generate", shape.n, shape.k, cfg.block_m, cfg.block_n, shape.groups,
+                                              cfg.stages, cfg.multicast, shape.gemm_type, int(cfg.swap_ab))
+            assert fs.kernel_source(shape, cfg) == theirs, (shape, cfg)
+    assert seen >= {(fs.NORMAL, True, 1), (fs.NORMAL, False, 1), (fs.NORMAL, False, 2), (fs.GROUPED, True, 1),
+                    (fs.GROUPED, False, 1)}
+
+
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_tile_choice_is_flashinfers_get_best_gemm_config(flashinfer_jit_functions, swap_ab):
+    """Our restatement of DeepGEMM's tile heuristic against FlashInfer's compiled get_best_gemm_config, on random
+    problem sizes (one group and 8-256 groups, 78 and 132 SMs), plus the sizes the served models run."""
+    import random
+
+    rng = random.Random()
+    cases = [(m, n, k, g, 132) for m in (1, 16, 31, 64, 65, 1024, 8192) for n, k in ((1536, 2048), (2048, 768))
+             for g in (1, 128)]
+    cases += [(rng.randint(1, 16384), 64 * rng.randint(1, 256), 128 * rng.randint(1, 64), rng.choice((1, 8, 60, 256)),
+               rng.choice((78, 132))) for _ in range(60)]
+    for m, n, k, groups, sms in cases:
+        if swap_ab:
+            m, n = n, min(m, 63)
+        theirs = flashinfer_jit_functions("best", m, n, k, groups, sms, int(swap_ab)).split()
+        ours = fs._best(m, n, k, sms, swap_ab, groups)
+        assert [ours.block_m, ours.block_n, ours.stages, ours.multicast] == list(map(int, theirs)), (m, n, k, groups, sms)
+
+
+def test_moe_configs_follow_the_batch_size(flashinfer_jit_functions):
+    """The fused MoE's grouped GEMMs: swap-AB below 32 tokens (64 on 78-SM parts), the expert count in every wave
+    count and never multicast; each config listed with the smallest batch that selects it."""
+    fc1, fc2 = fs.moe_gemm_shapes(128, 2048, 768)
+    assert fc1 == fs.GemmShape(1536, 2048, 128, fs.GROUPED) and fc2 == fs.GemmShape(2048, 768, 128, fs.GROUPED)
+    assert fs.moe_tile_config(31, fc1, 132).swap_ab and not fs.moe_tile_config(32, fc1, 132).swap_ab
+    assert fs.moe_tile_config(63, fc1, 78).swap_ab and not fs.moe_tile_config(64, fc1, 78).swap_ab
+    assert fs.jit_kernel_name(fc2, fs.moe_tile_config(1, fc2, 132)) == "gemm_swapAB_2048_768_128_16_128_128_8128_8_1_GroupedWithOffset"
+    for shape in (fc1, fc2):
+        configs = fs.configs_for(shape, 1, 8192, 132)
+        assert 2 <= len(configs) <= 16 and all(c.multicast == 1 for c in configs)
+        for cfg, m in configs.items():
+            assert fs.moe_tile_config(m, shape, 132) == cfg
+            assert all(fs.moe_tile_config(j, shape, 132) != cfg for j in range(1, m))
 
 
 def test_nvcc_command_carries_flashinfers_flags():
@@ -138,16 +211,17 @@ def test_compile_tile_configs_writes_each_cubin_where_flashinfer_reads_it(tmp_pa
     monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path))
     cfgs = [fs.tile_config(1, 512, 256, 132), fs.tile_config(64, 512, 256, 132)]
     assert cfgs[0] != cfgs[1]
-    assert fs.compile_tile_configs(512, 256, cfgs, progress=False) == 2
+    shape = fs.GemmShape(512, 256)
+    assert fs.compile_tile_configs(shape, cfgs, progress=False) == 2
     for cfg in cfgs:
-        cubin = tmp_path / "cache" / fs.jit_kernel_name(512, 256, cfg) / "nvcc_kernel.cubin"
+        cubin = tmp_path / "cache" / fs.jit_kernel_name(shape, cfg) / "nvcc_kernel.cubin"
         data = cubin.read_bytes()
         assert data[:4] == b"\x7fELF" and (b"fp8_gemm_kernel_swapAB" if cfg.swap_ab else b"fp8_gemm_kernel") in data
-    assert fs.compile_tile_configs(512, 256, cfgs, progress=False) == 0
+    assert fs.compile_tile_configs(shape, cfgs, progress=False) == 0
     assert not [p for p in (tmp_path / "tmp").iterdir() if p.is_dir()]  # work folders removed
     monkeypatch.setenv("TRTLLM_DG_NVCC_COMPILER", shutil.which("false"))
     with pytest.raises(fs.KernelCompileError, match=r"nvcc failed on FlashInfer SM90 GEMM kernel gemm_512_256_"):
-        fs.compile_tile_configs(512, 256, [fs.tile_config(4096, 512, 256, 132)], progress=False)
+        fs.compile_tile_configs(shape, [fs.tile_config(4096, 512, 256, 132)], progress=False)
 
 
 def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path, monkeypatch, capsys):
@@ -180,8 +254,46 @@ def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path
     if shutil.which(fs.nvcc_compiler()) is None:
         return  # the kernels need nvcc (CUDA toolkit); the modules' part is checked above
     assert cli(args + ["--model", str(mx)]) == 0 and built == ["flashinfer_sm90"] * 2
-    expected = {fs.jit_kernel_name(n, k, cfg) for n, k in ((512, 256), (256, 256))  # qkv, o of the tiny model
-                for cfg in fs.configs_up_to(n, k, 48, 132)}
+    expected = {fs.jit_kernel_name(fs.GemmShape(n, k), cfg) for n, k in ((512, 256), (256, 256))  # qkv, o of the tiny model
+                for cfg in fs.configs_for(fs.GemmShape(n, k), 1, 48, 132)}
     assert {p.name for p in (tmp_path / "dg" / "cache").iterdir()} == expected
     assert f"{len(expected)} kernels compiled for batches up to 48 tokens on 132 SMs" in capsys.readouterr().out
     assert cli(args + ["--model", str(mx)]) == 0 and "0 kernels compiled" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which(fs.nvcc_compiler()) is None, reason="needs nvcc (CUDA toolkit) on this machine")
+def test_build_command_compiles_the_fused_moe_grouped_kernels(tmp_path, monkeypatch, capsys):
+    """``sglang-mxfp8 build --moe-runner-backend flashinfer_cutlass --model M``: besides the dense layers', the
+    grouped kernels FlashInfer's FP8 block-scale fused MoE compiles on first use (FC1 [2I, H] and FC2 [H, I] per
+    expert, GroupedWithOffset) for every batch up to --max-tokens, named as FlashInfer's JIT names them and real
+    sm_90a cubins; the opt-in kernel left out, the flag is one line."""
+    from sglang_mxfp8.cli import main as cli
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.format.convert import convert
+    from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
+    from sglang_mxfp8.kernels.moe.flashinfer_cutlass import FlashInferCutlassSm90MoE
+    from sglang_mxfp8.settings import ENABLED_KERNELS_ENV, current
+
+    mx = tmp_path / "mx"
+    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)  # 8 experts, hidden 256, intermediate 128
+    monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path / "dg"))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    built = []
+    for kernel in (FlashInferSm90, FlashInferCutlassSm90MoE):  # the JIT modules: tests/test_flashinfer_moe_build.py
+        monkeypatch.setattr(kernel, "prebuild", lambda self: built.append(self.name))
+    args = ["build", "--gpu", "h200", "--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend",
+            "flashinfer_cutlass", "--max-tokens", "40", "--model", str(mx)]
+    monkeypatch.setenv(ENABLED_KERNELS_ENV, "")
+    assert cli(args) == 1 and f"{ENABLED_KERNELS_ENV}=flashinfer_cutlass_moe_sm90" in capsys.readouterr().err
+    monkeypatch.setenv(ENABLED_KERNELS_ENV, "flashinfer_cutlass_moe_sm90")
+    current.cache_clear()
+    assert cli(args) == 0 and built == ["flashinfer_sm90", "flashinfer_cutlass_moe_sm90"]
+    grouped = {p.name for p in (tmp_path / "dg" / "cache").iterdir() if p.name.endswith("_GroupedWithOffset")}
+    assert grouped == {"gemm_swapAB_256_256_128_16_128_8_88_8_1_GroupedWithOffset",  # FC1, 1-31 tokens
+                       "gemm_256_256_64_16_128_8_88_8_1_GroupedWithOffset",  # FC1, 32-40
+                       "gemm_swapAB_256_128_128_16_128_8_88_8_1_GroupedWithOffset",  # FC2
+                       "gemm_256_128_64_16_128_8_88_8_1_GroupedWithOffset"}
+    for name in grouped:
+        data = (tmp_path / "dg" / "cache" / name / "nvcc_kernel.cubin").read_bytes()
+        assert data[:4] == b"\x7fELF" and b"GroupedWithOffset" in data
+    assert cli(args) == 0 and "0 kernels compiled" in capsys.readouterr().out

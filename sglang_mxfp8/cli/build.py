@@ -1,9 +1,9 @@
 """``sglang-mxfp8 build``: compile on the CPU, ahead of the server, what an MXFP8 server compiles at its first start
 on a Hopper GPU: the JIT modules of the kernels its plans use (FlashInfer's, into FlashInfer's cache) and, with
 ``--model``, every kernel the layers' batch sizes up to ``--max-tokens`` select that its kernels compile on first use
-(FlashInfer's SM90 GEMM tile configs, into FlashInfer's DeepGEMM cache). Run it where, and as the user, the server
-will run (the same cache variables), e.g. while building a container image; the server then loads instead of
-compiling. Nothing here needs a GPU."""
+(FlashInfer's SM90 GEMM tile configs, dense and the fused MoE's grouped GEMMs, into FlashInfer's DeepGEMM cache).
+Run it where, and as the user, the server will run (the same cache variables), e.g. while building a container
+image; the server then loads instead of compiling. Nothing here needs a GPU."""
 
 from __future__ import annotations
 

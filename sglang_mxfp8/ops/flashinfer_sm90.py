@@ -1,16 +1,17 @@
-"""Host side of FlashInfer's SM90 block-scale GEMM (``fp8_blockscale_gemm_sm90``, FlashInfer 0.6.7.post3).
+"""Host side of FlashInfer's SM90 block-scale GEMM kernels (FlashInfer 0.6.7.post3 and 0.7.2): the dense
+``fp8_blockscale_gemm_sm90`` and the two grouped GEMMs of ``cutlass_fused_moe`` in its FP8 block-scale mode.
 
-That op compiles one kernel per tile config the first time the config is used: FlashInfer's DeepGEMM JIT
+Both compile one kernel per tile config the first time the config is used: FlashInfer's DeepGEMM JIT
 (csrc/nv_internal/tensorrt_llm/deep_gemm/compiler.cuh) runs nvcc on a generated source and keeps the cubin in
 its cache folder ($TRTLLM_DG_CACHE_DIR/cache, else ~/.tensorrt_llm/cache), where later processes read it back.
 The config follows from M (the tokens in the batch) by DeepGEMM's wave heuristic: a prefill batch whose M selects a
 config not compiled yet stalls the server while it compiles (3 s stalls seen on the H200, benchmarks/RESULTS.md).
-:func:`configs_up_to` lists every config a layer shape can select up to the largest batch the server runs, so the
+:func:`configs_for` lists every config a layer shape can select up to the largest batch the server runs, so the
 kernel runs each once at load; :func:`compile_tile_configs` compiles those not in the cache yet with concurrent
 nvcc processes first (FlashInfer compiles one after another), writing each where FlashInfer's JIT looks for it.
 
-The heuristic is FlashInfer's ``gemm_dispatch`` (csrc/nv_internal/tensorrt_llm/kernels/cutlass_kernels/
-fp8_blockscale_gemm/fp8_blockscale_gemm_kernel.cuh) and ``get_best_gemm_config``
+The heuristic is FlashInfer's ``gemm_dispatch`` and ``grouped_gemm_dispatch`` (csrc/nv_internal/tensorrt_llm/kernels/
+cutlass_kernels/fp8_blockscale_gemm/fp8_blockscale_gemm_kernel.cuh) and ``get_best_gemm_config``
 (csrc/nv_internal/tensorrt_llm/deep_gemm/jit_utils.cuh), restated here.
 """
 
@@ -27,7 +28,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 SM90_SMEM_BYTES = 232448
 BLOCK_K = 128
@@ -40,6 +41,25 @@ class TileConfig(NamedTuple):
     block_n: int
     stages: int
     multicast: int
+
+
+class GemmShape(NamedTuple):
+    """What FlashInfer's JIT keys a kernel family by besides its tile config: the [N, K] weight of each group, the
+    groups (1 for a dense layer; the experts of a fused MoE's grouped GEMMs) and the GEMM type."""
+    n: int
+    k: int
+    groups: int = 1
+    gemm_type: str = "Normal"
+
+
+NORMAL = "Normal"  # fp8_blockscale_gemm_sm90: one [M, K] x [N, K]^T product
+GROUPED = "GroupedWithOffset"  # the FP8 block-scale fused MoE: one product per expert, rows at per-expert offsets
+
+
+def moe_gemm_shapes(experts: int, hidden: int, intermediate: int) -> Tuple[GemmShape, GemmShape]:
+    """The fused MoE's two grouped GEMMs (cutlass_fused_moe with use_deepseek_fp8_block_scale, SiLU-gated): FC1
+    [2I, H] per expert, FC2 [H, I] per expert."""
+    return GemmShape(2 * intermediate, hidden, experts, GROUPED), GemmShape(hidden, intermediate, experts, GROUPED)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -56,15 +76,19 @@ def _smem_bytes(stages: int, k: int, block_m: int, block_n: int, swap_ab: bool) 
     return block_n * block_m * 2 + stages * per_stage + _cdiv(scales_k, 8) * 8 + stages * 16
 
 
-def _best(m: int, n: int, k: int, num_sms: int, swap_ab: bool) -> TileConfig:
-    """DeepGEMM's choice for an [m x k] @ [k x n] problem: fewest waves, then the fullest last wave."""
+def _best(m: int, n: int, k: int, num_sms: int, swap_ab: bool, groups: int = 1) -> TileConfig:
+    """DeepGEMM's choice (get_best_gemm_config) for ``groups`` [m x k] @ [k x n] problems: fewest waves, then the
+    fullest last wave; TMA multicast only for one group."""
     block_m = 64 if m <= 64 else 128
 
+    def blocks(bn):
+        return _cdiv(m, block_m) * _cdiv(n, bn) * groups
+
     def waves(bn):
-        return _cdiv(_cdiv(m, block_m) * _cdiv(n, bn), num_sms)
+        return _cdiv(blocks(bn), num_sms)
 
     def last_wave(bn):
-        return (_cdiv(m, block_m) * _cdiv(n, bn)) % num_sms or num_sms
+        return blocks(bn) % num_sms or num_sms
 
     best = 16
     for bn in range(24, 129, 8):  # 16 is the first candidate; later ones replace it only when strictly better
@@ -73,7 +97,7 @@ def _best(m: int, n: int, k: int, num_sms: int, swap_ab: bool) -> TileConfig:
     stages = next(s for s in ((6, 5, 4) if BLOCK_K % best else (8, 7, 6, 5, 4))
                   if _smem_bytes(s, k, block_m, best, swap_ab) <= SM90_SMEM_BYTES)
     wide, other, tile = (n, m, block_m) if swap_ab else (m, n, best)
-    multicast = 2 if wide >= 1024 and other % (tile * 2) == 0 and num_sms % 2 == 0 else 1
+    multicast = 2 if groups == 1 and wide >= 1024 and other % (tile * 2) == 0 and num_sms % 2 == 0 else 1
     return TileConfig(swap_ab, block_m, best, stages, multicast)
 
 
@@ -84,21 +108,38 @@ def tile_config(m: int, n: int, k: int, num_sms: int) -> TileConfig:
     return _best(n, m, k, num_sms, swap_ab=True)
 
 
-def jit_kernel_name(n: int, k: int, cfg: TileConfig) -> str:
+def moe_tile_config(tokens: int, shape: GemmShape, num_sms: int) -> TileConfig:
+    """The kernel one grouped GEMM of the FP8 block-scale fused MoE runs for a batch of ``tokens`` tokens
+    (grouped_gemm_dispatch): FlashInfer's runner sets DeepGEMM's expected M to the batch's tokens
+    (CutlassFp8BlockScaleGemmRunner::getWorkspaceSize, called on every forward), swap-AB below 32 (64 on 78-SM
+    parts)."""
+    if tokens >= (64 if num_sms == 78 else SWAP_AB_BELOW_M):
+        return _best(tokens, shape.n, shape.k, num_sms, swap_ab=False, groups=shape.groups)
+    return _best(shape.n, tokens, shape.k, num_sms, swap_ab=True, groups=shape.groups)
+
+
+def kernel_config(m: int, shape: GemmShape, num_sms: int) -> TileConfig:
+    """The tile config FlashInfer runs ``shape`` with for a batch of ``m`` tokens."""
+    if shape.gemm_type == GROUPED:
+        return moe_tile_config(m, shape, num_sms)
+    return tile_config(m, shape.n, shape.k, num_sms)
+
+
+def jit_kernel_name(shape: GemmShape, cfg: TileConfig) -> str:
     """The name FlashInfer's JIT gives the compiled kernel (its cache key; with TRTLLM_DG_JIT_DUMP_CUBIN=1
     also a folder under $TRTLLM_DG_CACHE_DIR/cache)."""
-    g, st = 1, cfg.stages
-    return (f"{'gemm_swapAB_' if cfg.swap_ab else 'gemm_'}{n}_{k}_{cfg.block_m}_{cfg.block_n}_{BLOCK_K}_{g}_{st}"
-            f"{g}_{st}_{cfg.multicast}_Normal")
+    g, st = shape.groups, cfg.stages
+    return (f"{'gemm_swapAB_' if cfg.swap_ab else 'gemm_'}{shape.n}_{shape.k}_{cfg.block_m}_{cfg.block_n}_{BLOCK_K}_"
+            f"{g}_{st}{g}_{st}_{cfg.multicast}_{shape.gemm_type}")
 
 
 @functools.lru_cache(maxsize=None)
-def configs_up_to(n: int, k: int, max_m: int, num_sms: int) -> Mapping[TileConfig, int]:
-    """{config: the smallest M that selects it} over M = 1 .. max_m (read-only; once per shape and process: every
-    layer of a shape asks, and the walk over M takes 0.2 s at 16384 tokens)."""
+def configs_for(shape: GemmShape, min_m: int, max_m: int, num_sms: int) -> Mapping[TileConfig, int]:
+    """{config: the smallest batch in min_m..max_m that selects it} (read-only; once per shape, band and process:
+    every layer of a shape asks, and the walk takes 0.2 s at 16384 tokens)."""
     seen: Dict[TileConfig, int] = {}
-    for m in range(1, max_m + 1):
-        seen.setdefault(tile_config(m, n, k, num_sms), m)
+    for m in range(min_m, max_m + 1):
+        seen.setdefault(kernel_config(m, shape, num_sms), m)
     return MappingProxyType(seen)
 
 
@@ -150,15 +191,15 @@ def nvcc_compiler() -> str:
     return "nvcc"
 
 
-def kernel_source(n: int, k: int, cfg: TileConfig) -> str:
-    """FlashInfer's generateKernel(n, k, block_m, block_n, 128, 1, stages, multicast, GemmType::Normal, swap_ab)."""
+def kernel_source(shape: GemmShape, cfg: TileConfig) -> str:
+    """FlashInfer's generateKernel(n, k, block_m, block_n, 128, groups, stages, multicast, gemm_type, swap_ab)."""
     scheduler, kernel, scheduler_input = (
-        ("SchedulerSelectorSwapAB", "fp8_gemm_kernel_swapAB", "NormalSchedulerInputSwapAB") if cfg.swap_ab
-        else ("SchedulerSelector", "fp8_gemm_kernel", "NormalSchedulerInput"))
-    tile = f"{n}, {k}, {cfg.block_m}, {cfg.block_n}, {BLOCK_K}, 1"  # one group
+        ("SchedulerSelectorSwapAB", "fp8_gemm_kernel_swapAB", f"{shape.gemm_type}SchedulerInputSwapAB") if cfg.swap_ab
+        else ("SchedulerSelector", "fp8_gemm_kernel", f"{shape.gemm_type}SchedulerInput"))
+    tile = f"{shape.n}, {shape.k}, {cfg.block_m}, {cfg.block_n}, {BLOCK_K}, {shape.groups}"
     threads = f"{_NUM_TMA_THREADS}, {_NUM_MATH_THREADS_PER_GROUP}"
     return _KERNEL_TEMPLATE.format(
-        scheduler=f"{scheduler}<GemmType::Normal, {tile}, {cfg.multicast}>::type",
+        scheduler=f"{scheduler}<GemmType::{shape.gemm_type}, {tile}, {cfg.multicast}>::type",
         kernel=f"{kernel}<{tile}, {cfg.stages}, {threads}, {cfg.multicast}, SchedulerType, {scheduler_input}>")
 
 
@@ -204,6 +245,10 @@ def nvcc_command(source: Path, cubin: Path) -> List[str]:
             f"-I{_deep_gemm_dir()}"]
 
 
+def describe(shape: GemmShape) -> str:
+    return f"[{shape.n} x {shape.k}]" + (f" x {shape.groups} experts" if shape.gemm_type == GROUPED else "")
+
+
 class KernelCompileError(RuntimeError):
     pass
 
@@ -220,8 +265,8 @@ def _exclusive(lock: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _compile_one(n: int, k: int, cfg: TileConfig, cache: Path, tmp: Path) -> bool:
-    name = jit_kernel_name(n, k, cfg)
+def _compile_one(shape: GemmShape, cfg: TileConfig, cache: Path, tmp: Path) -> bool:
+    name = jit_kernel_name(shape, cfg)
     cubin = cache / name / KERNEL_FILE
     if cubin.exists():
         return False
@@ -230,7 +275,7 @@ def _compile_one(n: int, k: int, cfg: TileConfig, cache: Path, tmp: Path) -> boo
             return False
         work = Path(tempfile.mkdtemp(prefix=f"{name}_", dir=tmp))
         try:
-            (work / "kernel.cu").write_text(kernel_source(n, k, cfg))
+            (work / "kernel.cu").write_text(kernel_source(shape, cfg))
             done = subprocess.run(nvcc_command(work / "kernel.cu", work / KERNEL_FILE), capture_output=True, text=True)
             if done.returncode != 0 or not (work / KERNEL_FILE).exists():
                 raise KernelCompileError(f"nvcc failed on FlashInfer SM90 GEMM kernel {name} (exit {done.returncode}): "
@@ -242,11 +287,11 @@ def _compile_one(n: int, k: int, cfg: TileConfig, cache: Path, tmp: Path) -> boo
     return True
 
 
-def compile_tile_configs(n: int, k: int, configs: Iterable[TileConfig], jobs: Optional[int] = None,
+def compile_tile_configs(shape: GemmShape, configs: Iterable[TileConfig], jobs: Optional[int] = None,
                          progress: bool = True) -> int:
-    """Compile, with up to ``jobs`` concurrent nvcc processes (default: every CPU), the kernels of
-    ``fp8_blockscale_gemm_sm90`` for an [N, K] weight at these tile configs that FlashInfer's cache does not hold
-    yet, into the cache path its JIT reads them back from; returns how many were compiled."""
+    """Compile, with up to ``jobs`` concurrent nvcc processes (default: every CPU), FlashInfer's SM90 block-scale GEMM
+    kernels of ``shape`` at these tile configs that its cache does not hold yet, into the cache path its JIT reads
+    them back from; returns how many were compiled."""
     why = concurrent_compile_unsupported()
     if why:
         raise KernelCompileError(why)
@@ -254,15 +299,15 @@ def compile_tile_configs(n: int, k: int, configs: Iterable[TileConfig], jobs: Op
     cache, tmp = user / "cache", user / "tmp"
     cache.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
-    todo = [cfg for cfg in dict.fromkeys(configs) if not (cache / jit_kernel_name(n, k, cfg) / KERNEL_FILE).exists()]
+    todo = [cfg for cfg in dict.fromkeys(configs) if not (cache / jit_kernel_name(shape, cfg) / KERNEL_FILE).exists()]
     if not todo:
         return 0
     from tqdm import tqdm
 
     with ThreadPoolExecutor(max_workers=max(1, min(jobs or os.cpu_count() or 1, len(todo)))) as pool:
-        futures = [pool.submit(_compile_one, n, k, cfg, cache, tmp) for cfg in todo]
+        futures = [pool.submit(_compile_one, shape, cfg, cache, tmp) for cfg in todo]
         compiled = 0
-        for fut in tqdm(futures, desc=f"sglang_mxfp8: FlashInfer SM90 GEMM [{n} x {k}] kernels (nvcc, {len(todo)})",
+        for fut in tqdm(futures, desc=f"sglang_mxfp8: FlashInfer SM90 GEMM {describe(shape)} kernels (nvcc, {len(todo)})",
                         leave=False, disable=not progress):
             compiled += fut.result()
     return compiled

@@ -112,3 +112,51 @@ def test_refit_in_place_is_idempotent_and_serves_the_new_weights():
     assert torch.equal(plan.base.experts(layer, layer.mxfp8_state, x, tw, ids), out)
     assert ptrs == {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight),
                                                  *layer.mxfp8_state.tensors()]}
+
+
+PRECOMPILE = r"""
+import os, random, sys, torch
+sys.path.insert(0, os.path.dirname(sys.argv[3]))
+from test_flashinfer_moe_sm90 import QWEN3_30B, _case
+from sglang_mxfp8.ops import flashinfer_sm90 as fs
+if sys.argv[1] == "flashinfer":  # FlashInfer's JIT compiles every kernel itself
+    fs.concurrent_compile_unsupported = lambda: "left to FlashInfer by the test"
+max_m = 300
+layer, plan, x, tw, ids = _case(max_m, seed=0, **QWEN3_30B)
+layer.top_k = QWEN3_30B["top_k"]
+cache = os.path.join(os.environ["TRTLLM_DG_CACHE_DIR"], "cache")
+ran = plan.base.precompile(layer, layer.mxfp8_state, 1, max_m)
+compiled = set(os.listdir(cache))
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+expected = {fs.jit_kernel_name(s, c) for s in fs.moe_gemm_shapes(128, 2048, 768) for c in fs.configs_for(s, 1, max_m, sms)}
+print("RAN", ran, "COMPILED", len(compiled), "MISSING", sorted(expected - compiled), "EXTRA", sorted(compiled - expected))
+outs = [plan.base.experts(layer, layer.mxfp8_state, x[:m], tw[:m], ids[:m])
+        for m in random.Random(0).sample(range(1, max_m + 1), 30)]
+torch.cuda.synchronize()
+print("NEW_AFTER", sorted(set(os.listdir(cache)) - compiled))
+torch.save([o.cpu() for o in outs], sys.argv[2])
+"""
+
+
+def test_precompile_compiles_exactly_the_grouped_kernels_flashinfer_selects(tmp_path):
+    """The fused MoE's grouped GEMMs compile a kernel per tile config on first use, named in FlashInfer's cache folder:
+    precompiling with FlashInfer compiling alone must produce exactly our enumeration's names for both GEMMs, and any
+    batch afterwards nothing new; with our concurrent nvcc processes compiling them first, FlashInfer must find every
+    kernel it runs, and the MoE must return what it returns with FlashInfer's own kernels, bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    flashinfer_moe_sm90.build()
+    outputs = {}
+    for who in ("flashinfer", "ours"):
+        env = dict(os.environ, TRTLLM_DG_JIT_DUMP_CUBIN="1", TRTLLM_DG_CACHE_DIR=str(tmp_path / who))
+        outputs[who] = tmp_path / f"{who}.pt"
+        p = subprocess.run([sys.executable, "-c", PRECOMPILE, who, str(outputs[who]), __file__], capture_output=True,
+                           text=True, env=env, timeout=540)
+        assert p.returncode == 0, p.stderr[-3000:]
+        line = next(x for x in p.stdout.splitlines() if x.startswith("RAN"))
+        print(who, line)
+        assert "MISSING [] EXTRA []" in line and "NEW_AFTER []" in p.stdout, (who, p.stdout)
+    theirs, ours = torch.load(outputs["flashinfer"]), torch.load(outputs["ours"])
+    assert len(theirs) == len(ours) == 30 and all(torch.equal(a, b) for a, b in zip(theirs, ours))

@@ -515,7 +515,7 @@ ran = registry.FLASHINFER_SM90.precompile(layer, SimpleNamespace(converter=Simpl
 seconds = time.perf_counter() - start
 compiled = set(os.listdir(cache))
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-expected = {fs.jit_kernel_name(n, k, c) for c in fs.configs_up_to(n, k, max_m, sms)}
+expected = {fs.jit_kernel_name(fs.GemmShape(n, k), c) for c in fs.configs_for(fs.GemmShape(n, k), 1, max_m, sms)}
 print("RAN", ran, "COMPILED", len(compiled), "MISSING", sorted(expected - compiled), "EXTRA", sorted(compiled - expected))
 print(f"PRECOMPILE {sys.argv[1]} {seconds:.1f} s")
 outs = []

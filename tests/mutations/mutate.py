@@ -88,6 +88,14 @@ MUTATIONS = [
      "    if (mActivationDtype", ["tests/test_flashinfer_moe_build.py"]),
     ("kernel-source-stages", "compile", "ops/flashinfer_sm90.py", "{cfg.stages}, {threads}", "{cfg.stages - 1}, {threads}",
      ["tests/test_flashinfer_sm90.py"]),
+    ("tile-waves-groups", "compile", "ops/flashinfer_sm90.py", "_cdiv(n, bn) * groups", "_cdiv(n, bn)",
+     ["tests/test_flashinfer_sm90.py"]),
+    ("tile-grouped-multicast", "compile", "ops/flashinfer_sm90.py", "multicast = 2 if groups == 1 and wide",
+     "multicast = 2 if wide", ["tests/test_flashinfer_sm90.py"]),
+    ("moe-swap-threshold", "compile", "ops/flashinfer_sm90.py", "(64 if num_sms == 78 else SWAP_AB_BELOW_M)",
+     "SWAP_AB_BELOW_M", ["tests/test_flashinfer_sm90.py"]),
+    ("band-configs", "compile", "ops/flashinfer_sm90.py", "for m in range(min_m, max_m + 1):",
+     "for m in range(1, max_m + 1):", ["tests/test_flashinfer_sm90.py"]),
 ]
 
 

@@ -47,25 +47,33 @@ class FlashInferSm90(HopperBlockScaleKernel):
 
         w, dtype = layer.weight, getattr(layer, "orig_dtype", torch.bfloat16)
         n, k = w.shape
-        num_sms = torch.cuda.get_device_properties(w.device).multi_processor_count
-        configs = _configs(n, k, min_m, max_m, num_sms)
-        jobs = current_settings().compile_jobs
-        try:
-            if jobs != 0:
-                flashinfer_sm90.compile_tile_configs(n, k, configs, jobs)
-        except (flashinfer_sm90.KernelCompileError, OSError) as e:
-            log_once(30, f"sglang_mxfp8: FlashInfer SM90 GEMM kernels not compiled concurrently ({e}); FlashInfer "
-                         "compiles them itself, one after another")
-        ms = sorted(configs.values())
+        shape = flashinfer_sm90.GemmShape(n, k)
+        configs = flashinfer_sm90.configs_for(shape, min_m, max_m, device_sms(w.device))
+        compile_before_flashinfer(shape, configs)
         return precompile_batches(
-            ("flashinfer_sm90", n, k, dtype, w.device), f"FlashInfer SM90 GEMM [{n} x {k}] tile configs", ms, w.device,
+            ("flashinfer_sm90", n, k, dtype, w.device), f"FlashInfer SM90 GEMM [{n} x {k}] tile configs",
+            sorted(configs.values()), w.device,
             lambda rows: torch.zeros(rows, k, dtype=dtype, device=w.device),
             lambda x, m: fp8_blockscale_gemm_sm90(x[:m], w, None, block_scale(state), out_dtype=dtype))
 
     def compile_ahead(self, spec, min_m, max_m, num_sms, jobs=None):
-        return flashinfer_sm90.compile_tile_configs(spec.n, spec.k, _configs(spec.n, spec.k, min_m, max_m, num_sms), jobs)
+        shape = flashinfer_sm90.GemmShape(spec.n, spec.k)
+        return flashinfer_sm90.compile_tile_configs(shape, flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms), jobs)
 
 
-def _configs(n: int, k: int, min_m: int, max_m: int, num_sms: int):
-    """{tile config: the smallest batch in min_m..max_m that selects it}."""
-    return {cfg: m for cfg, m in flashinfer_sm90.configs_up_to(n, k, max_m, num_sms).items() if m >= min_m}
+def device_sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def compile_before_flashinfer(shape, configs) -> None:
+    """Compile the kernels of ``shape`` at ``configs`` that FlashInfer's cache lacks with concurrent nvcc processes
+    (SGLANG_MXFP8_COMPILE_JOBS; 0: none), before running batches makes FlashInfer compile them one after another;
+    any failure leaves them to FlashInfer, with one warning."""
+    jobs = current_settings().compile_jobs
+    if jobs == 0:
+        return
+    try:
+        flashinfer_sm90.compile_tile_configs(shape, configs, jobs)
+    except (flashinfer_sm90.KernelCompileError, OSError) as e:
+        log_once(30, f"sglang_mxfp8: FlashInfer SM90 GEMM kernels not compiled concurrently ({e}); FlashInfer "
+                     "compiles them itself, one after another")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from ...ops import flashinfer_moe_sm90
+import torch
+
+from ...ops import flashinfer_moe_sm90, flashinfer_sm90
 from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
 from ... import platform
 from ...settings import ENABLED_KERNELS_ENV
-from ..base import MOE_FLAG, OK, MoEKernel
+from ..base import MOE_FLAG, OK, MoEKernel, precompile_batches
+from ..linear.flashinfer_sm90 import compile_before_flashinfer, device_sms
 from .common import BlockScaleExperts, standard_sized_experts
 
 
@@ -76,3 +79,30 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
         return flashinfer_moe_sm90.block_scale_moe(
             x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight, state.w13.block_scale, state.w2.block_scale,
             tp_size=layer.moe_tp_size, tp_rank=layer.moe_tp_rank)
+
+    def precompile(self, layer, state, min_m, max_m):
+        """One batch per tile config either grouped GEMM can pick for min_m..max_m tokens (the fused MoE compiles
+        each with nvcc on first use, like the dense op: ops/flashinfer_sm90.py), those not in FlashInfer's cache
+        compiled first by concurrent nvcc processes."""
+        top_k, dev = layer.top_k, layer.w13_weight.device
+        experts, hidden, intermediate = layer.w2_weight.shape
+        firsts = set()
+        for shape in flashinfer_sm90.moe_gemm_shapes(experts, hidden, intermediate):
+            configs = flashinfer_sm90.configs_for(shape, min_m, max_m, device_sms(dev))
+            compile_before_flashinfer(shape, configs)
+            firsts.update(configs.values())
+
+        def make(rows):
+            ids = (torch.arange(rows * top_k, device=dev, dtype=torch.int32) % experts).view(-1, top_k)
+            return (torch.zeros(rows, hidden, dtype=torch.bfloat16, device=dev), ids,
+                    torch.full(ids.shape, 1.0 / top_k, dtype=torch.float32, device=dev))
+
+        return precompile_batches(
+            (self.name, experts, hidden, intermediate, top_k, dev),
+            f"FlashInfer SM90 fused MoE ({experts} experts, top-{top_k}) tile configs", sorted(firsts), dev, make,
+            lambda b, m: self.experts(layer, state, b[0][:m], b[2][:m], b[1][:m]))
+
+    def compile_ahead(self, spec, min_m, max_m, num_sms, jobs=None):
+        return sum(flashinfer_sm90.compile_tile_configs(shape, flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms),
+                                                        jobs)
+                   for shape in flashinfer_sm90.moe_gemm_shapes(spec.experts, spec.hidden, spec.intermediate))
