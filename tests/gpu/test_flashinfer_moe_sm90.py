@@ -16,6 +16,7 @@ from sglang_mxfp8.kernels import registry  # noqa: E402
 from sglang_mxfp8.kernels.base import MoESpec  # noqa: E402
 from sglang_mxfp8.ops import flashinfer_moe_sm90  # noqa: E402
 from sglang_mxfp8.settings import Settings  # noqa: E402
+from moe_refit import assert_processing_again_changes_nothing, load_other_experts, storage  # noqa: E402
 
 QWEN3_30B = dict(e_count=128, h=2048, inter=768, top_k=8)
 OPTED_IN = Settings(enabled_kernels=frozenset({"flashinfer_cutlass_moe_sm90"}))
@@ -96,22 +97,14 @@ def test_refit_in_place_is_idempotent_and_serves_the_new_weights():
     """A second load of other weights into the same storage: scales rewritten in place, weights converted once, the
     output that of the new weights; processing again changes nothing."""
     layer, plan, x, tw, ids = _case(64, seed=9, e_count=16, h=512, inter=256, top_k=4)
-    ptrs = {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight),
-                                         *layer.mxfp8_state.tensors()]}
-    g = torch.Generator(device="cuda").manual_seed(99)
-    w13, s13 = quantize_mxfp8(torch.randn(layer.w13_weight.shape, device="cuda", generator=g) * 0.05)
-    w2, s2 = quantize_mxfp8(torch.randn(layer.w2_weight.shape, device="cuda", generator=g) * 0.05)
-    layer.w13_weight.data.copy_(w13)
-    layer.w2_weight.data.copy_(w2)
-    plan.process_weights_after_loading(layer, layer.mxfp8_state, s13, s2)
-    out = plan.base.experts(layer, layer.mxfp8_state, x, tw, ids)
+    state = layer.mxfp8_state
+    ptrs = storage(layer, state)
+    scales = load_other_experts(layer, plan, state, torch.Generator(device="cuda").manual_seed(99))
+    run = lambda: plan.base.experts(layer, state, x, tw, ids)  # noqa: E731
+    out = run()
     assert _rel(out, _reference(layer, x, tw, ids)) < 1e-2
-    before = layer.w13_weight.clone()
-    stats = plan.process_weights_after_loading(layer, layer.mxfp8_state, s13, s2)
-    assert all(s.converted_rows == 0 for s in stats) and torch.equal(before.view(torch.uint8), layer.w13_weight.view(torch.uint8))
-    assert torch.equal(plan.base.experts(layer, layer.mxfp8_state, x, tw, ids), out)
-    assert ptrs == {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight),
-                                                 *layer.mxfp8_state.tensors()]}
+    assert_processing_again_changes_nothing(layer, plan, state, scales, run, out)
+    assert storage(layer, state) == ptrs
 
 
 PRECOMPILE = r"""

@@ -15,6 +15,7 @@ from sglang_mxfp8.format.numerics import dequantize_block_fp8, moe_reference, qu
 from sglang_mxfp8.kernels import registry  # noqa: E402
 from sglang_mxfp8.kernels.base import Entry, LayerState, LinearSpec, MoESpec, Plan  # noqa: E402
 from sglang_mxfp8.settings import Settings  # noqa: E402
+from moe_refit import assert_processing_again_changes_nothing, load_other_experts, storage  # noqa: E402
 
 TRITON, FLASHINFER = registry.TRITON_W8A8, registry.FLASHINFER_SM90  # the two Hopper dense layouts' base kernels
 
@@ -697,21 +698,16 @@ def test_masked_moe_nan_token_graph_replay_and_refit_in_place():
     plan = registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), "triton",
                                OPTED_IN)
     state = plan.create_buffers(layer)
-    ptrs = {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight), *state.tensors()]}
+    ptrs = storage(layer, state)
     g = torch.Generator(device="cuda").manual_seed(11)
+    run = lambda: plan.base.experts(layer, state, x, tw, ids)  # noqa: E731
     for _ in range(2):  # the first load, then a refit to other weights
-        n13, t13 = quantize_mxfp8(torch.randn(w13.shape, device="cuda", generator=g) * 0.05)
-        n2, t2 = quantize_mxfp8(torch.randn(w2.shape, device="cuda", generator=g) * 0.05)
-        layer.w13_weight.data.copy_(n13)
-        layer.w2_weight.data.copy_(n2)
-        plan.process_weights_after_loading(layer, state, t13, t2)
-        got = plan.base.experts(layer, state, x, tw, ids)
+        scales = load_other_experts(layer, plan, state, g)
+        got = run()
         ref = _moe_reference(x, layer.w13_weight, state.w13, layer.w2_weight, state.w2, tw, ids, fp8_activations=True)
         assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
-    stats = plan.process_weights_after_loading(layer, state, t13, t2)
-    assert all(s.converted_rows == 0 for s in stats)
-    assert torch.equal(plan.base.experts(layer, state, x, tw, ids), got)
-    assert ptrs == {n: t.data_ptr() for n, t in [("w13", layer.w13_weight), ("w2", layer.w2_weight), *state.tensors()]}
+    assert_processing_again_changes_nothing(layer, plan, state, scales, run, got)
+    assert storage(layer, state) == ptrs
 
 
 def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16():
