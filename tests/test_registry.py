@@ -363,6 +363,22 @@ def test_moe_off_the_128_grid_takes_the_masked_moe_once_opted_in(libraries, flag
             assert "not a multiple of 128, which its grouped GEMM needs" in refusals[band], refusals
 
 
+@pytest.mark.parametrize("flag", ["auto", "triton", "flashinfer_cutlass"])
+def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16(libraries, flag):
+    """The memory goal off the 128 grid: a gpt-oss-20b-shaped MoE layer (32 experts, hidden and intermediate 2880) as
+    each Hopper MoE flag plans it, FP8 weights + the checkpoint's UE8M0 scales + every buffer the plan derives (on the
+    meta device: their sizes, as the GPU test measures them allocated), against its BF16 weights."""
+    e, h, i = 32, 2880, 2880
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.empty(e, 2 * i, h, dtype=torch.float8_e4m3fn, device="meta"), False)
+    layer.w2_weight = torch.nn.Parameter(torch.empty(e, h, i, dtype=torch.float8_e4m3fn, device="meta"), False)
+    plan = r.select_moe(MoESpec("gpt_oss.experts", e, h, i), H200, flag, OPTED_IN)
+    derived = sum(t.numel() * t.element_size() for _, t in plan.create_buffers(layer).tensors())
+    weights = 3 * e * h * i
+    ratio = (weights + weights // 32 + derived) / (2 * weights)
+    assert plan.base.name == "triton_w8a8_moe" and 0.515 < ratio <= 0.55, ratio  # FP8 + scales alone: 0.5156x
+
+
 def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe_once_opted_in(libraries):
     plan = moe(H200, "flashinfer_cutlass", settings=OPTED_IN)
     assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"} and plan.base.up_proj_first
