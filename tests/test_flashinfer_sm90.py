@@ -118,7 +118,8 @@ def flashinfer_jit_functions(tmp_path_factory):
     prints a kernel's source or the tile config FlashInfer picks."""
     dg = _flashinfer_deep_gemm()
     compiler, jit_utils, scheduler = ((dg / f).read_text() for f in ("compiler.cuh", "jit_utils.cuh", "scheduler.cuh"))
-    assert hashlib.sha256((dg / "compiler.cuh").read_bytes()).hexdigest() in fs.RESTATED_COMPILER_CUH
+    for rel, known in fs.RESTATED_SOURCES.items():  # the files compared here and in the tests below
+        assert hashlib.sha256((dg.parent / rel).read_bytes()).hexdigest() in known, rel
     helpers = jit_utils[jit_utils.index("inline int div_up(int a, int b)"):]
     helpers = helpers[:helpers.rindex("}  // namespace deep_gemm::jit")]
     work = tmp_path_factory.mktemp("fi_jit")
@@ -297,3 +298,35 @@ def test_build_command_compiles_the_fused_moe_grouped_kernels(tmp_path, monkeypa
         data = (tmp_path / "dg" / "cache" / name / "nvcc_kernel.cubin").read_bytes()
         assert data[:4] == b"\x7fELF" and b"GroupedWithOffset" in data
     assert cli(args) == 0 and "0 kernels compiled" in capsys.readouterr().out
+
+
+def test_a_flashinfer_whose_restated_sources_differ_compiles_its_kernels_itself(tmp_path, monkeypatch, caplog):
+    """One restated file changed (here the tile heuristic's): no concurrent compile, the file named in one line, and a
+    layer's load leaves the kernels to FlashInfer's own JIT with one warning instead of failing."""
+    import logging
+
+    from sglang_mxfp8.kernels.linear.flashinfer_sm90 import compile_before_flashinfer
+
+    copy = tmp_path / "tensorrt_llm"
+    for rel in fs.RESTATED_SOURCES:
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_flashinfer_deep_gemm().parent / rel, copy / rel)
+    monkeypatch.setattr(fs, "_deep_gemm_dir", lambda: copy)
+    fs.concurrent_compile_unsupported.cache_clear()
+    monkeypatch.setattr(fs, "nvcc_compiler", lambda: shutil.which("true"))
+    try:
+        assert fs.concurrent_compile_unsupported() is None
+        fs.concurrent_compile_unsupported.cache_clear()
+        with open(copy / "deep_gemm" / "jit_utils.cuh", "a") as f:
+            f.write("// a newer heuristic\n")
+        why = fs.concurrent_compile_unsupported()
+        assert why.startswith(f"{copy / 'deep_gemm' / 'jit_utils.cuh'} is not a version whose logic sglang_mxfp8 restates")
+        shape = fs.GemmShape(512, 256)
+        with pytest.raises(fs.KernelCompileError, match="jit_utils.cuh is not a version"):
+            fs.compile_tile_configs(shape, [fs.tile_config(1, 512, 256, 132)], progress=False)
+        with caplog.at_level(logging.WARNING):
+            compile_before_flashinfer(shape, [fs.tile_config(1, 512, 256, 132)])
+        warned = [r.getMessage() for r in caplog.records if "not compiled concurrently" in r.getMessage()]
+        assert len(warned) == 1 and "FlashInfer compiles them itself" in warned[0]
+    finally:
+        fs.concurrent_compile_unsupported.cache_clear()

@@ -144,10 +144,19 @@ def configs_for(shape: GemmShape, min_m: int, max_m: int, num_sms: int) -> Mappi
 
 
 # -- concurrent compilation into FlashInfer's DeepGEMM JIT cache ------------------------------------------------------
-# sha256 of the compiler.cuh files whose kernel generator (generateKernel), nvcc flags and cache layout the functions
-# below restate (tests/test_flashinfer_sm90.py compiles FlashInfer's own generateKernel and compares): FlashInfer
-# 0.6.7.post3 and 0.7.2 ship the same file. Any other file: FlashInfer compiles its kernels itself, as before.
-RESTATED_COMPILER_CUH = frozenset({"e8a19b7954e44be0e9d7bafaca0448b60ce8f56bf39765903d5935957b0716f7"})
+# sha256 of FlashInfer's sources whose logic this module restates, per file: the kernel generator, nvcc flags and cache
+# layout (compiler.cuh), the tile heuristic (jit_utils.cuh), the swap-AB thresholds of the dense and grouped dispatch
+# (fp8_blockscale_gemm_kernel.cuh) and the fused MoE's expected M (fp8_blockscale_gemm.cu). tests/test_flashinfer_sm90.py
+# compiles FlashInfer's own generateKernel and get_best_gemm_config and compares. FlashInfer 0.6.7.post3 and 0.7.2 ship
+# the same files. Any other file: FlashInfer compiles its kernels itself, as before.
+RESTATED_SOURCES = MappingProxyType({
+    "deep_gemm/compiler.cuh": frozenset({"e8a19b7954e44be0e9d7bafaca0448b60ce8f56bf39765903d5935957b0716f7"}),
+    "deep_gemm/jit_utils.cuh": frozenset({"fc809669f1098ae239f2368d5aa87f8dac29d419acfd863b65aae7c31fe9e2f4"}),
+    "kernels/cutlass_kernels/fp8_blockscale_gemm/fp8_blockscale_gemm_kernel.cuh":
+        frozenset({"b0633a435cd15e29ac420d91d41e3084eef816ceb39f1c861742cbb4049615ec"}),
+    "kernels/cutlass_kernels/fp8_blockscale_gemm/fp8_blockscale_gemm.cu":
+        frozenset({"41262d1099c58db16ba56d7469e142f49139b42bbc44428a7a15ba6f4e499486"}),
+})
 KERNEL_FILE = "nvcc_kernel.cubin"  # FlashInfer's kJitUseNvcc is always true in these releases
 _NUM_TMA_THREADS = _NUM_MATH_THREADS_PER_GROUP = 128
 
@@ -161,13 +170,14 @@ def _deep_gemm_dir() -> Path:
 @functools.lru_cache(maxsize=1)
 def concurrent_compile_unsupported() -> Optional[str]:
     """Why :func:`compile_tile_configs` cannot stand in for FlashInfer's own compiler here, or None."""
-    try:
-        header = _deep_gemm_dir() / "deep_gemm" / "compiler.cuh"
-        digest = hashlib.sha256(header.read_bytes()).hexdigest()
-    except (ImportError, OSError) as e:
-        return f"FlashInfer's DeepGEMM JIT source is not readable ({e})"
-    if digest not in RESTATED_COMPILER_CUH:
-        return f"{header} is not a version whose kernel generator sglang_mxfp8 restates (sha256 {digest[:12]})"
+    for rel, known in RESTATED_SOURCES.items():
+        try:
+            source = _deep_gemm_dir() / rel
+            digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        except (ImportError, OSError) as e:
+            return f"FlashInfer's DeepGEMM JIT source is not readable ({e})"
+        if digest not in known:
+            return f"{source} is not a version whose logic sglang_mxfp8 restates (sha256 {digest[:12]})"
     if shutil.which(nvcc_compiler()) is None:
         return f"no nvcc at {nvcc_compiler()}"
     return None

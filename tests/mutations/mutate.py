@@ -94,6 +94,8 @@ MUTATIONS = [
      "multicast = 2 if wide", ["tests/test_flashinfer_sm90.py"]),
     ("moe-swap-threshold", "compile", "ops/flashinfer_sm90.py", "(64 if num_sms == 78 else SWAP_AB_BELOW_M)",
      "SWAP_AB_BELOW_M", ["tests/test_flashinfer_sm90.py"]),
+    ("restated-sources-gate", "compile", "ops/flashinfer_sm90.py", "        if digest not in known:", "        if False:",
+     ["tests/test_flashinfer_sm90.py"]),
     ("band-configs", "compile", "ops/flashinfer_sm90.py", "for m in range(min_m, max_m + 1):",
      "for m in range(1, max_m + 1):", ["tests/test_flashinfer_sm90.py"]),
 ]
