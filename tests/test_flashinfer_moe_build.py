@@ -69,6 +69,9 @@ def test_trimmed_module_is_flashinfers_sm90_module_reduced_to_the_block_scale_ru
     assert [s for s in ours if "moe_gemm_kernels_" in s] == [
         "nv_internal/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_gemm_kernels_bf16_fp8.cu"]
     assert "nv_internal/tensorrt_llm/kernels/cutlass_kernels/fp8_blockscale_gemm/fp8_blockscale_gemm.cu" in ours
+    # FlashInfer's module factory calls set_deepgemm_jit_include_dirs on the module it loads: the grouped GEMMs' JIT
+    # finds DeepGEMM's headers through it
+    assert "fused_moe/cutlass_backend/deepgemm_jit_setup.cu" in ours
     assert not any("flashinfer_cutlass_fused_moe_binding" in s or "cutlass_fused_moe_instantiation" in s for s in ours)
     assert [s.rsplit("/", 1)[-1] for s in got["our_sources"][-2:]] == [
         "fp8_block_scale_moe_binding.cu", "fp8_block_scale_moe_instantiation.cu"]
