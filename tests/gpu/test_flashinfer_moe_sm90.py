@@ -16,7 +16,8 @@ from sglang_mxfp8.kernels import registry  # noqa: E402
 from sglang_mxfp8.kernels.base import MoESpec  # noqa: E402
 from sglang_mxfp8.ops import flashinfer_moe_sm90  # noqa: E402
 from sglang_mxfp8.settings import Settings  # noqa: E402
-from moe_refit import assert_processing_again_changes_nothing, load_other_experts, storage  # noqa: E402
+from gpu_checks import (  # noqa: E402
+    assert_graph_replay_equals_eager, assert_processing_again_changes_nothing, load_other_experts, storage)
 
 QWEN3_30B = dict(e_count=128, h=2048, inter=768, top_k=8)
 OPTED_IN = Settings(enabled_kernels=frozenset({"flashinfer_cutlass_moe_sm90"}))
@@ -85,12 +86,7 @@ def test_cuda_graph_replay_equals_eager():
     layer, plan, x, tw, ids = _case(16, seed=7, e_count=16, h=512, inter=256, top_k=4)
     run = lambda: plan.base.experts(layer, layer.mxfp8_state, x, tw, ids)  # noqa: E731
     run()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run()
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    assert torch.equal(captured, run())
+    assert_graph_replay_equals_eager(run, x)
 
 
 def test_refit_in_place_is_idempotent_and_serves_the_new_weights():

@@ -15,7 +15,8 @@ from sglang_mxfp8.format.numerics import dequantize_block_fp8, moe_reference, qu
 from sglang_mxfp8.kernels import registry  # noqa: E402
 from sglang_mxfp8.kernels.base import Entry, LayerState, LinearSpec, MoESpec, Plan  # noqa: E402
 from sglang_mxfp8.settings import Settings  # noqa: E402
-from moe_refit import assert_processing_again_changes_nothing, load_other_experts, storage  # noqa: E402
+from gpu_checks import (  # noqa: E402
+    assert_graph_replay_equals_eager, assert_processing_again_changes_nothing, load_other_experts, storage)
 
 TRITON, FLASHINFER = registry.TRITON_W8A8, registry.FLASHINFER_SM90  # the two Hopper dense layouts' base kernels
 
@@ -298,12 +299,7 @@ def test_gemv_matches_reference_and_replays_in_cuda_graph(backend_cls, n, k):
     ref = x.float() @ dequantize_block_fp8(layer.weight, scale, be.block_rows).t() + bias.float()
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert out.shape == (1, n) and torch.isfinite(out).all() and rel < 5e-3, rel  # bf16 output rounding only
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = w8a16_gemv(x, layer.weight, scale, be.block_rows, bias)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    assert torch.equal(captured, w8a16_gemv(x, layer.weight, scale, be.block_rows, bias))
+    assert_graph_replay_equals_eager(lambda: w8a16_gemv(x, layer.weight, scale, be.block_rows, bias), x)
 
 
 def test_moe_gemv_matches_reference():
@@ -685,12 +681,7 @@ def test_masked_moe_nan_token_graph_replay_and_refit_in_place():
     assert torch.equal(again[:-1], out[:-1]) and again[-1].isnan().any()
 
     run = lambda: moe_w8a8(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids)  # noqa: E731
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run()
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    assert torch.equal(captured, run())
+    assert_graph_replay_equals_eager(run, x)
 
     layer = torch.nn.Module()
     layer.w13_weight = torch.nn.Parameter(torch.empty_like(w13), False)

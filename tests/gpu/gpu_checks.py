@@ -1,9 +1,21 @@
-"""A refit of a MoE layer as SGLang's loader does it, for the Hopper MoE GPU tests: other MXFP8 weights copied into
-the layer's storage, then the plan's post-load processing; and the checks every refit must pass."""
+"""Checks the Hopper GPU tests share: a CUDA graph replay against the eager call, and a refit of a MoE layer as
+SGLang's loader does it (other MXFP8 weights copied into the layer's storage, then the plan's post-load processing)
+with the checks every refit must pass."""
 
 import torch
 
 from sglang_mxfp8.format.numerics import quantize_mxfp8
+
+
+def assert_graph_replay_equals_eager(run, x):
+    """``run()`` captured in a CUDA graph, its input ``x`` then overwritten with fresh values: a replay gives exactly
+    what ``run()`` gives eagerly on them (the graph reads x's storage, not the values at capture)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(captured, run())
 
 
 def storage(layer, state):
