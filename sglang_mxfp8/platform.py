@@ -58,6 +58,15 @@ def visible_gpu() -> Optional[GpuSpec]:
     return GpuSpec.from_capability(torch.cuda.get_device_name(dev), torch.cuda.get_device_capability(dev))
 
 
+def multiprocessors(device=None) -> int:
+    """Streaming multiprocessors of a CUDA device (default: the current one); DeepGEMM-style tile heuristics count
+    waves in them."""
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device)
+    return props.multi_processor_count
+
+
 def current_gpu() -> GpuSpec:
     gpu = visible_gpu()
     if gpu is None:

@@ -219,3 +219,15 @@ def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, no_deep_ge
         with pytest.raises(SystemExit) as e:
             cli(doctor + ["--tp", bad])
         assert e.value.code == 2 and f"argument --tp: {bad!r} is not a number of GPUs (1 or more)" in capsys.readouterr().err
+
+
+def test_precompile_batches_route_every_token_to_distinct_experts_over_all_of_them():
+    """The batch the MoE kernels' precompile runs: BF16 zeros, top-k distinct experts per token, every expert used
+    once the batch has enough tokens, router weights summing to 1."""
+    from sglang_mxfp8.kernels.moe.common import routed_batch
+
+    x, ids, weights = routed_batch(2048, 128, 8, "cpu")(40)
+    assert x.shape == (40, 2048) and x.dtype == torch.bfloat16 and not x.any()
+    assert ids.shape == weights.shape == (40, 8) and ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert all(len(set(row.tolist())) == 8 for row in ids) and set(ids.flatten().tolist()) == set(range(128))
+    assert torch.allclose(weights.sum(-1), torch.ones(40))

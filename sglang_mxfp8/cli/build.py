@@ -24,7 +24,7 @@ SMS = {"h100": 132, "h200": 132}
 
 
 def build(args) -> int:
-    from ..platform import as_on_a_server, visible_gpu
+    from ..platform import as_on_a_server, multiprocessors, visible_gpu
 
     gpu = gpu_from_arg(args.gpu)
     if gpu is None:
@@ -36,9 +36,7 @@ def build(args) -> int:
         return 0
     here = visible_gpu()
     if here == gpu:
-        import torch
-
-        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        num_sms = multiprocessors()
     else:
         num_sms = SMS.get((args.gpu or "").lower(), 132)
         os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")  # FlashInfer's JIT target, with no GPU to ask

@@ -48,7 +48,7 @@ class FlashInferSm90(HopperBlockScaleKernel):
         w, dtype = layer.weight, getattr(layer, "orig_dtype", torch.bfloat16)
         n, k = w.shape
         shape = flashinfer_sm90.GemmShape(n, k)
-        configs = flashinfer_sm90.configs_for(shape, min_m, max_m, device_sms(w.device))
+        configs = flashinfer_sm90.configs_for(shape, min_m, max_m, platform.multiprocessors(w.device))
         compile_before_flashinfer(shape, configs)
         return precompile_batches(
             ("flashinfer_sm90", n, k, dtype, w.device), f"FlashInfer SM90 GEMM [{n} x {k}] tile configs",
@@ -59,10 +59,6 @@ class FlashInferSm90(HopperBlockScaleKernel):
     def compile_ahead(self, spec, min_m, max_m, num_sms, jobs=None):
         shape = flashinfer_sm90.GemmShape(spec.n, spec.k)
         return flashinfer_sm90.compile_tile_configs(shape, flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms), jobs)
-
-
-def device_sms(device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def compile_before_flashinfer(shape, configs) -> None:

@@ -1,4 +1,5 @@
-"""Checks the MoE kernels share: sizes, and whether a layer's experts are the kind our own kernels compute."""
+"""What the MoE kernels share: size checks, whether a layer's experts are the kind our own kernels compute, and the
+batches their precompile runs."""
 
 from __future__ import annotations
 
@@ -76,3 +77,15 @@ class BlockScaleExperts(MoEKernel):
     def process_weights_after_loading(self, layer, state, w13_scale, w2_scale):
         return [state.w13.refresh(layer.w13_weight.data, w13_scale.data),
                 state.w2.refresh(layer.w2_weight.data, w2_scale.data)]
+
+
+def routed_batch(hidden: int, experts: int, top_k: int, device):
+    """``make(rows)`` for precompile_batches: zero activations [rows, hidden] (BF16) routed round-robin over all
+    experts, equal router weights; returns (x, topk_ids int32, topk_weights float32)."""
+
+    def make(rows):
+        ids = (torch.arange(rows * top_k, device=device, dtype=torch.int32) % experts).view(-1, top_k)
+        return (torch.zeros(rows, hidden, dtype=torch.bfloat16, device=device), ids,
+                torch.full(ids.shape, 1.0 / top_k, dtype=torch.float32, device=device))
+
+    return make

@@ -7,7 +7,7 @@ import torch
 from ...ops.deepgemm_sm90 import grouped_precompile_ms
 from ... import error_line, platform
 from ..base import MoEKernel, precompile_batches
-from .common import standard_sized_experts
+from .common import routed_batch, standard_sized_experts
 
 
 class DeepGemmGroupedMoE:
@@ -89,14 +89,8 @@ class DeepGemmPrefillMoE(MoEKernel):
     def precompile(self, layer, state, min_m, max_m):
         """One batch per tile config the two grouped GEMMs can pick for min_m..max_m tokens."""
         moe, top_k, dev = state.deepgemm, layer.top_k, layer.w13_weight.device
-
-        def make(rows):
-            ids = (torch.arange(rows * top_k, device=dev, dtype=torch.int32) % moe.experts).view(-1, top_k)
-            return (torch.zeros(rows, moe.hidden, dtype=torch.bfloat16, device=dev), ids,
-                    torch.full(ids.shape, 1.0 / top_k, dtype=torch.float32, device=dev))
-
         return precompile_batches(
             ("deepgemm_moe", moe.experts, moe.hidden, layer.w2_weight.shape[2], top_k, dev),
             f"DeepGEMM grouped MoE ({moe.experts} experts, top-{top_k}) tile configs",
-            grouped_precompile_ms(min_m, max_m, top_k, moe.experts), dev, make,
-            lambda b, m: self.experts(layer, state, b[0][:m], b[2][:m], b[1][:m]))
+            grouped_precompile_ms(min_m, max_m, top_k, moe.experts), dev,
+            routed_batch(moe.hidden, moe.experts, top_k, dev), lambda b, m: self.experts(layer, state, b[0][:m], b[2][:m], b[1][:m]))

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import torch
-
 from ...ops import flashinfer_moe_sm90, flashinfer_sm90
 from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
 from ... import platform
 from ...settings import ENABLED_KERNELS_ENV
 from ..base import MOE_FLAG, OK, MoEKernel, precompile_batches
-from ..linear.flashinfer_sm90 import compile_before_flashinfer, device_sms
-from .common import BlockScaleExperts, standard_sized_experts
+from ..linear.flashinfer_sm90 import compile_before_flashinfer
+from .common import BlockScaleExperts, routed_batch, standard_sized_experts
 
 
 class FlashInferCutlassMxfp8MoE(MoEKernel):
@@ -86,20 +84,15 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
         compiled first by concurrent nvcc processes."""
         top_k, dev = layer.top_k, layer.w13_weight.device
         experts, hidden, intermediate = layer.w2_weight.shape
-        firsts = set()
+        num_sms, firsts = platform.multiprocessors(dev), set()
         for shape in flashinfer_sm90.moe_gemm_shapes(experts, hidden, intermediate):
-            configs = flashinfer_sm90.configs_for(shape, min_m, max_m, device_sms(dev))
+            configs = flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms)
             compile_before_flashinfer(shape, configs)
             firsts.update(configs.values())
-
-        def make(rows):
-            ids = (torch.arange(rows * top_k, device=dev, dtype=torch.int32) % experts).view(-1, top_k)
-            return (torch.zeros(rows, hidden, dtype=torch.bfloat16, device=dev), ids,
-                    torch.full(ids.shape, 1.0 / top_k, dtype=torch.float32, device=dev))
-
         return precompile_batches(
             (self.name, experts, hidden, intermediate, top_k, dev),
-            f"FlashInfer SM90 fused MoE ({experts} experts, top-{top_k}) tile configs", sorted(firsts), dev, make,
+            f"FlashInfer SM90 fused MoE ({experts} experts, top-{top_k}) tile configs", sorted(firsts), dev,
+            routed_batch(hidden, experts, top_k, dev),
             lambda b, m: self.experts(layer, state, b[0][:m], b[2][:m], b[1][:m]))
 
     def compile_ahead(self, spec, min_m, max_m, num_sms, jobs=None):
