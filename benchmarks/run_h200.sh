@@ -202,15 +202,18 @@ from sglang_mxfp8.ops import flashinfer_moe_sm90 as f; f.fused_moe_api()' 2>&1 |
   find /tmp/fi_cache -name .ninja_log -path "*fp8_block_scale*" -exec cp {} "$OUT/fi_moe_ninja_log.txt" \;
   python3 -m pytest -q -rf tests/gpu/test_flashinfer_moe_sm90.py -k "not precompile" 2>&1 | tail -6
   # FI_BENCH=0: no MoE table (then the fi-serve phase, SERVE_TIMEOUT=seconds left, fits the same command)
-  [ "${FI_BENCH:-1}" = 1 ] && timeout 180 python3 benchmarks/kernels/bench_flashinfer_moe_sm90.py --out "$OUT/fi_moe.md" 2>&1 | grep "^|\|trimmed\|Error"
+  if [ "${FI_BENCH:-1}" = 1 ]; then
+    timeout 180 python3 benchmarks/kernels/bench_flashinfer_moe_sm90.py --out "$OUT/fi_moe.md" 2>&1 | grep "^|\|trimmed\|Error"
+  fi
   ;;
 masked)
   # the masked W8A8 MoE for sizes off the 128 grid: its GPU tests (every Hopper MoE flag, a NaN token, graph replay,
   # refit, the gpt-oss-20b layer's memory), then its table against BF16 (and SGLang's Triton MoE on the grid)
   python3 -m pytest -q -rf -s tests/gpu/test_hopper_kernels.py -k "off_grid or masked or gpt_oss" 2>&1 | grep "passed\|failed\|FAILED\|Error\|BF16 ("
   # MASKED_BENCH=0: the tests alone (then the off-grid phase fits the same command)
-  [ "${MASKED_BENCH:-1}" = 1 ] &&
+  if [ "${MASKED_BENCH:-1}" = 1 ]; then
     timeout 240 python3 benchmarks/kernels/bench_off_grid_moe.py --out "$OUT/off_grid_moe.md" 2>&1 | grep "^|\|BF16\|Error"
+  fi
   ;;
 fi-serve)
   # the README's stock command (flashinfer_trtllm dense, flashinfer_cutlass MoE) on the tiny MXFP8 Qwen3-MoE against
