@@ -43,17 +43,17 @@ class TileConfig(NamedTuple):
     multicast: int
 
 
+NORMAL = "Normal"  # fp8_blockscale_gemm_sm90: one [M, K] x [N, K]^T product
+GROUPED = "GroupedWithOffset"  # the FP8 block-scale fused MoE: one product per expert, rows at per-expert offsets
+
+
 class GemmShape(NamedTuple):
     """What FlashInfer's JIT keys a kernel family by besides its tile config: the [N, K] weight of each group, the
     groups (1 for a dense layer; the experts of a fused MoE's grouped GEMMs) and the GEMM type."""
     n: int
     k: int
     groups: int = 1
-    gemm_type: str = "Normal"
-
-
-NORMAL = "Normal"  # fp8_blockscale_gemm_sm90: one [M, K] x [N, K]^T product
-GROUPED = "GroupedWithOffset"  # the FP8 block-scale fused MoE: one product per expert, rows at per-expert offsets
+    gemm_type: str = NORMAL
 
 
 def moe_gemm_shapes(experts: int, hidden: int, intermediate: int) -> Tuple[GemmShape, GemmShape]:
