@@ -226,8 +226,21 @@ def test_precompile_batches_route_every_token_to_distinct_experts_over_all_of_th
     once the batch has enough tokens, router weights summing to 1."""
     from sglang_mxfp8.kernels.moe.common import routed_batch
 
-    x, ids, weights = routed_batch(2048, 128, 8, "cpu")(40)
+    x, weights, ids = routed_batch(2048, 128, 8, "cpu")(40)
     assert x.shape == (40, 2048) and x.dtype == torch.bfloat16 and not x.any()
     assert ids.shape == weights.shape == (40, 8) and ids.dtype == torch.int32 and weights.dtype == torch.float32
     assert all(len(set(row.tolist())) == 8 for row in ids) and set(ids.flatten().tolist()) == set(range(128))
     assert torch.allclose(weights.sum(-1), torch.ones(40))
+
+
+def test_every_moe_kernel_takes_the_precompile_batch_in_the_order_routed_batch_makes_it():
+    """experts_on_first_rows passes routed_batch's (x, topk_weights, topk_ids) positionally to each kernel's experts."""
+    import inspect
+
+    from sglang_mxfp8.kernels.registry import all_kernels
+
+    moe = [k for k in all_kernels() if hasattr(k, "experts")]
+    assert len(moe) >= 5
+    for kernel in moe:
+        params = list(inspect.signature(kernel.experts).parameters)
+        assert params == ["layer", "state", "x", "topk_weights", "topk_ids"], (kernel.name, params)

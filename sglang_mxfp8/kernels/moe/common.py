@@ -81,11 +81,16 @@ class BlockScaleExperts(MoEKernel):
 
 def routed_batch(hidden: int, experts: int, top_k: int, device):
     """``make(rows)`` for precompile_batches: zero activations [rows, hidden] (BF16) routed round-robin over all
-    experts, equal router weights; returns (x, topk_ids int32, topk_weights float32)."""
+    experts, equal router weights; returns (x, topk_weights float32, topk_ids int32), the order of ``experts``."""
 
     def make(rows):
         ids = (torch.arange(rows * top_k, device=device, dtype=torch.int32) % experts).view(-1, top_k)
-        return (torch.zeros(rows, hidden, dtype=torch.bfloat16, device=device), ids,
-                torch.full(ids.shape, 1.0 / top_k, dtype=torch.float32, device=device))
+        return (torch.zeros(rows, hidden, dtype=torch.bfloat16, device=device),
+                torch.full(ids.shape, 1.0 / top_k, dtype=torch.float32, device=device), ids)
 
     return make
+
+
+def experts_on_first_rows(kernel, layer, state):
+    """``run(batch, m)`` for precompile_batches: the kernel's ``experts`` on the first m tokens of a routed_batch."""
+    return lambda batch, m: kernel.experts(layer, state, *(t[:m] for t in batch))

@@ -7,7 +7,7 @@ import torch
 from ...ops.deepgemm_sm90 import grouped_precompile_ms
 from ... import error_line, platform
 from ..base import MoEKernel, precompile_batches
-from .common import routed_batch, standard_sized_experts
+from .common import experts_on_first_rows, routed_batch, standard_sized_experts
 
 
 class DeepGemmGroupedMoE:
@@ -93,4 +93,4 @@ class DeepGemmPrefillMoE(MoEKernel):
             ("deepgemm_moe", moe.experts, moe.hidden, layer.w2_weight.shape[2], top_k, dev),
             f"DeepGEMM grouped MoE ({moe.experts} experts, top-{top_k}) tile configs",
             grouped_precompile_ms(min_m, max_m, top_k, moe.experts), dev,
-            routed_batch(moe.hidden, moe.experts, top_k, dev), lambda b, m: self.experts(layer, state, b[0][:m], b[2][:m], b[1][:m]))
+            routed_batch(moe.hidden, moe.experts, top_k, dev), experts_on_first_rows(self, layer, state))

@@ -8,7 +8,7 @@ from ... import platform
 from ...settings import ENABLED_KERNELS_ENV
 from ..base import MOE_FLAG, OK, MoEKernel, precompile_batches
 from ..linear.flashinfer_sm90 import compile_before_flashinfer
-from .common import BlockScaleExperts, routed_batch, standard_sized_experts
+from .common import BlockScaleExperts, experts_on_first_rows, routed_batch, standard_sized_experts
 
 
 class FlashInferCutlassMxfp8MoE(MoEKernel):
@@ -92,8 +92,7 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
         return precompile_batches(
             (self.name, experts, hidden, intermediate, top_k, dev),
             f"FlashInfer SM90 fused MoE ({experts} experts, top-{top_k}) tile configs", sorted(firsts), dev,
-            routed_batch(hidden, experts, top_k, dev),
-            lambda b, m: self.experts(layer, state, b[0][:m], b[2][:m], b[1][:m]))
+            routed_batch(hidden, experts, top_k, dev), experts_on_first_rows(self, layer, state))
 
     def compile_ahead(self, spec, min_m, max_m, num_sms, jobs=None):
         return sum(flashinfer_sm90.compile_tile_configs(shape, flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms),
