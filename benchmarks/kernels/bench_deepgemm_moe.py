@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import torch
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from sglang_mxfp8.platform import load_deep_gemm
 from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
@@ -25,7 +24,7 @@ from sglang_mxfp8.kernels.moe.deepgemm import DeepGemmGroupedMoE
 from sglang_mxfp8.ops.triton_sm90 import silu_mul_quant
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402
+from bench_moe import moe_setup, E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402
 from bench_rowwise import cell  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 
@@ -62,9 +61,8 @@ def main():
     args = ap.parse_args()
     deep_gemm = load_deep_gemm()
 
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
+    gen = moe_setup()
     gpu = torch.cuda.get_device_name()
-    gen = torch.Generator(device="cuda").manual_seed(0)
     w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
     s13, s2 = c13.block_scale, c2.block_scale
     cutlass, deepgemm = CutlassGroupedMoE(E, H, I, "cuda"), DeepGemmGroupedMoE(E, H, I)

@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 
 import torch
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from sglang_mxfp8.format.numerics import moe_reference
 from sglang_mxfp8.ops import flashinfer_moe_sm90
 from sglang_mxfp8.platform import deep_gemm_missing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_moe import E, H, I, TOPK, experts, graph_per_call_us, outplace_fused_experts, routing, triton_block_fp8  # noqa: E402,E501
+from bench_moe import moe_setup, E, H, I, TOPK, experts, graph_per_call_us, outplace_fused_experts, routing, triton_block_fp8  # noqa: E402,E501
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from plot_speedup import plot_beside  # noqa: E402
@@ -40,8 +39,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = moe_setup()
 
     start = time.perf_counter()
     was_built = flashinfer_moe_sm90.block_scale_moe_spec().is_compiled

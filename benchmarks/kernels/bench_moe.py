@@ -93,6 +93,13 @@ def graph_per_call_us(run, routings, reps: int = 20) -> float:
     return graph_us([lambda r=r: run(*r) for r in routings], reps=reps)
 
 
+def moe_setup() -> torch.Generator:
+    """What SGLang's MoE kernels need before a call outside a server (global ServerArgs, as its own MoE kernel tests
+    set them), and the seeded CUDA generator every MoE table draws its weights and routings from."""
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+    return torch.Generator(device="cuda").manual_seed(0)
+
+
 def candidate(run, routings, ref, bf16_us) -> str:
     """Table cells 'graph us (ratio to BF16) | rel. error vs BF16' for an MoE call ``run(topk_weights,
     topk_ids)`` (error on the first routing), or why it failed."""
@@ -110,8 +117,7 @@ def main():
     ap.add_argument("--tp", type=int, default=1, help="time one tensor-parallel rank's shard")
     args = ap.parse_args()
     inter = I // args.tp
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = moe_setup()
     w13_16, w2_16, q13, q2, c13, c2, mx_bytes = experts(inter, gen)
     bf16_bytes = (w13_16.numel() + w2_16.numel()) * 2
 

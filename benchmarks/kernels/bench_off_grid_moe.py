@@ -12,13 +12,12 @@ import sys
 from pathlib import Path
 
 import torch
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from sglang_mxfp8.format.numerics import moe_reference
 from sglang_mxfp8.ops.triton_sm90 import moe_w8a8
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_moe import experts, outplace_fused_experts as fused_experts, triton_block_fp8  # noqa: E402
+from bench_moe import moe_setup, experts, outplace_fused_experts as fused_experts, triton_block_fp8  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,8 +33,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = moe_setup()
     lines = [f"GPU: {torch.cuda.get_device_name()}; GPU time per call in a CUDA graph (us); rel. error vs float32 with "
              "1x128 FP8 activations", "",
              "| layer | tokens | BF16 us | masked W8A8 us (x BF16) | its rel. error | Triton block-FP8 us (x BF16) |",

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import torch
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from sglang_mxfp8.kernels import registry
 from sglang_mxfp8.kernels.base import LinearSpec
@@ -27,7 +26,7 @@ from sglang_mxfp8.kernels.moe.deepgemm import DeepGemmGroupedMoE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hopper_layers import linear  # noqa: E402
-from bench_moe import E, H, I, experts, outplace_fused_experts, routing, triton_block_fp8  # noqa: E402
+from bench_moe import moe_setup, E, H, I, experts, outplace_fused_experts, routing, triton_block_fp8  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 
 CALLS = 20  # calls per eager and per host measurement
@@ -77,9 +76,8 @@ def main():
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--ms", type=int, nargs="+", default=[1024, 2048, 8192], help="prefill batch sizes (tokens)")
     args = ap.parse_args()
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
+    gen = moe_setup()
     deep_gemm, why = deep_gemm_or_why()
-    gen = torch.Generator(device="cuda").manual_seed(0)
     lines = [f"GPU: {torch.cuda.get_device_name()}; deep_gemm: {deep_gemm.__version__ if deep_gemm else why}; "
              f"us per call: GPU time in a CUDA graph, wall time of {CALLS} eager calls back to back, the host's time to "
              "issue one call while the GPU sleeps", "",

@@ -25,7 +25,6 @@ import torch
 from triton.testing import do_bench
 from sglang_mxfp8.sglang.plugin import sglang_object
 from sglang.srt.layers.quantization.fp8_kernel import sglang_per_token_quant_fp8
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 from sglang_mxfp8.ops.cublas_sm90 import blockscale_gemm
 from sglang_mxfp8.kernels.registry import FLASHINFER_SM90
@@ -34,7 +33,7 @@ from sglang_mxfp8.format.numerics import convert_to_row_scales, dequantize_block
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dense import SHAPES, graph_copies  # noqa: E402
-from bench_moe import E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402
+from bench_moe import moe_setup, E, H, I, TOPK, bf16_case, experts, graph_per_call_us, triton_block_fp8  # noqa: E402
 from gpu_timer import graph_us  # noqa: E402
 from hopper_layers import block_scale, linear  # noqa: E402
 
@@ -153,13 +152,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", required=True, type=Path)
     args = ap.parse_args()
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))  # as SGLang's own MoE kernel tests do
+    gen = moe_setup()
     gpu = torch.cuda.get_device_name()
     dense = [f"GPU: {gpu}; dense layers, whole op (quantizer + GEMM), GPU time per layer in one CUDA graph over "
              "256 MiB of distinct weights (us), ratio to BF16 cuBLAS", ""] + dense_table()
     (args.out_dir / "rowwise_dense.md").write_text("\n".join(dense) + "\n")
     plot_beside(args.out_dir / "rowwise_dense.md", f"Dense, per-row scales vs block scales vs BF16, {gpu}", target=1.6)
-    gen = torch.Generator(device="cuda").manual_seed(0)
     w13_16, w2_16, q13, q2, c13, c2, _ = experts(I, gen)
     r13, s13 = row_scaled(*quantize_mxfp8(w13_16))
     r2, s2 = row_scaled(*quantize_mxfp8(w2_16))
