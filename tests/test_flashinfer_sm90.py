@@ -305,7 +305,7 @@ def test_a_flashinfer_whose_restated_sources_differ_compiles_its_kernels_itself(
     layer's load leaves the kernels to FlashInfer's own JIT with one warning instead of failing."""
     import logging
 
-    from sglang_mxfp8.kernels.linear.flashinfer_sm90 import compile_before_flashinfer
+    from sglang_mxfp8.kernels.base import compile_before_flashinfer
 
     copy = tmp_path / "tensorrt_llm"
     for rel in fs.RESTATED_SOURCES:

@@ -339,3 +339,20 @@ def precompile_batches(key: tuple, label: str, ms: Sequence[int], device, make: 
     logger.info("sglang_mxfp8: %s: ran %d batch sizes (%d..%d tokens) in %.1f s", label, len(ms), min(ms), max(ms),
                 time.perf_counter() - start)
     return len(ms)
+
+
+def compile_before_flashinfer(shape, configs) -> None:
+    """Compile the kernels of ``shape`` at ``configs`` that FlashInfer's cache lacks with concurrent nvcc processes
+    (SGLANG_MXFP8_COMPILE_JOBS; 0: none), before running batches makes FlashInfer compile them one after another;
+    any failure leaves them to FlashInfer, with one warning."""
+    from ..ops import flashinfer_sm90
+    from ..settings import current as current_settings
+
+    jobs = current_settings().compile_jobs
+    if jobs == 0:
+        return
+    try:
+        flashinfer_sm90.compile_tile_configs(shape, configs, jobs)
+    except (flashinfer_sm90.KernelCompileError, OSError) as e:
+        log_once(30, f"sglang_mxfp8: FlashInfer SM90 GEMM kernels not compiled concurrently ({e}); FlashInfer "
+                     "compiles them itself, one after another")

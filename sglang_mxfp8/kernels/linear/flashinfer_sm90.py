@@ -4,8 +4,7 @@ import torch
 
 from ...ops import flashinfer_sm90
 from ... import platform
-from ...settings import current as current_settings
-from ..base import OK, log_once, precompile_batches
+from ..base import OK, compile_before_flashinfer, precompile_batches
 from .hopper_layout import HopperBlockScaleKernel, block_scale
 
 
@@ -59,17 +58,3 @@ class FlashInferSm90(HopperBlockScaleKernel):
     def compile_ahead(self, spec, min_m, max_m, num_sms, jobs=None):
         shape = flashinfer_sm90.GemmShape(spec.n, spec.k)
         return flashinfer_sm90.compile_tile_configs(shape, flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms), jobs)
-
-
-def compile_before_flashinfer(shape, configs) -> None:
-    """Compile the kernels of ``shape`` at ``configs`` that FlashInfer's cache lacks with concurrent nvcc processes
-    (SGLANG_MXFP8_COMPILE_JOBS; 0: none), before running batches makes FlashInfer compile them one after another;
-    any failure leaves them to FlashInfer, with one warning."""
-    jobs = current_settings().compile_jobs
-    if jobs == 0:
-        return
-    try:
-        flashinfer_sm90.compile_tile_configs(shape, configs, jobs)
-    except (flashinfer_sm90.KernelCompileError, OSError) as e:
-        log_once(30, f"sglang_mxfp8: FlashInfer SM90 GEMM kernels not compiled concurrently ({e}); FlashInfer "
-                     "compiles them itself, one after another")

@@ -6,8 +6,7 @@ from ...ops import flashinfer_moe_sm90, flashinfer_sm90
 from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
 from ... import platform
 from ...settings import ENABLED_KERNELS_ENV
-from ..base import MOE_FLAG, OK, MoEKernel, precompile_batches
-from ..linear.flashinfer_sm90 import compile_before_flashinfer
+from ..base import MOE_FLAG, OK, MoEKernel, compile_before_flashinfer, precompile_batches
 from .common import BlockScaleExperts, experts_on_first_rows, routed_batch, standard_sized_experts
 
 
