@@ -161,21 +161,28 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch, no_deep
 
 
 @pytest.mark.parametrize("tp,intermediate", [(4, 192), (8, 96)])
-def test_a_tensor_parallel_split_hopper_kernels_cannot_hold_names_the_splits_that_work(tp, intermediate, monkeypatch):
+def test_a_tensor_parallel_split_off_the_128_grid_without_the_masked_moe_names_the_splits_that_work(
+        tp, intermediate, monkeypatch):
     """Qwen3-30B-A3B's experts (intermediate 768) at --tp 4 / 8 on an H200: SGLang's FusedMoE hands our MoE method
-    768 / tp rows per rank; the load fails in one line naming the splits whose share is a multiple of 128, expert
-    parallelism and the opt-in masked MoE that serves such shares."""
+    768 / tp rows per rank, off the 128 grid, which the masked W8A8 MoE serves (test_registry). With it disabled, the
+    load fails in one line naming the splits whose share is a multiple of 128 and expert parallelism."""
+    from sglang_mxfp8 import settings
+
+    monkeypatch.setenv("SGLANG_MXFP8_DISABLED_KERNELS", "triton_w8a8_moe")
+    settings.current.cache_clear()
     qm, method = _method(monkeypatch)
     layer = torch.nn.Module()
     layer.moe_tp_size = tp
-    with pytest.raises(Mxfp8ConfigError) as e:
-        method.create_weights(layer, 128, 2048, intermediate, torch.bfloat16)
-    assert (f"(triton_moe: intermediate size 768 split {tp} ways by tensor parallelism (--tp / --ep-size) "
-            f"leaves {intermediate} per rank, not a multiple of 128, which SGLang's block-FP8 Triton MoE needs; serve "
-            "with --tp / --ep-size = 1, 2, 3 or 6 (--ep-size equal to --tp keeps each expert whole on its rank); "
-            "triton_w8a8_moe: our masked Triton W8A8 MoE for sizes off the 128 grid is opt-in: ") in str(e.value)
-    assert str(e.value).endswith("SGLANG_MXFP8_ENABLED_KERNELS=triton_w8a8_moe turns it on, or keep this MoE layer "
-                                 "BF16 (modules_to_not_convert))")
+    try:
+        with pytest.raises(Mxfp8ConfigError) as e:
+            method.create_weights(layer, 128, 2048, intermediate, torch.bfloat16)
+    finally:
+        settings.current.cache_clear()
+    assert str(e.value).endswith(
+        f"(triton_moe: intermediate size 768 split {tp} ways by tensor parallelism (--tp / --ep-size) leaves "
+        f"{intermediate} per rank, not a multiple of 128, which SGLang's block-FP8 Triton MoE needs; serve with --tp / "
+        "--ep-size = 1, 2, 3 or 6 (--ep-size equal to --tp keeps each expert whole on its rank); triton_w8a8_moe: "
+        "SGLANG_MXFP8_DISABLED_KERNELS lists it)")
     assert str(e.value).startswith("model.layers.0.mlp.experts (128 experts, hidden 2048, intermediate 768, "
                                    f"{intermediate} per rank): no MXFP8 kernel for this layer on NVIDIA H200 (SM90)")
 
@@ -191,15 +198,16 @@ def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, no_deep_ge
         lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith(("  dense", "  MoE", "--ep"))]
         return status, lines
 
-    status, (qkv, o, moe) = run("--tp", "4")
-    assert status == 1
+    status, (qkv, o, moe) = run("--tp", "4")  # 192 rows per rank, off the 128 grid: the masked MoE
+    assert status == 0
     assert ("qkv_proj [5120 x 2048] x1 (q_proj + k_proj + v_proj), [1280 x 2048] per rank: 1024+ tokens: cublas; "
             "other batches: flashinfer_sm90") in qkv
     assert "o_proj [2048 x 4096] x1, [2048 x 1024] per rank: 1024+ tokens: cublas; other batches: flashinfer_sm90" in o
-    assert moe.startswith("  MoE model.layers.N.mlp.experts (hidden 2048, intermediate 768, 192 per rank): ERROR ")
-    assert "leaves 192 per rank" in moe and "= 1, 2, 3 or 6 " in moe
+    assert moe.startswith("  MoE model.layers.N.mlp.experts (hidden 2048, intermediate 768, 192 per rank): other "
+                          "batches: triton_w8a8_moe ")
     status, (qkv, o, moe) = run("--tp", "8")  # 4 key/value heads on 8 ranks: one per rank, replicated
-    assert status == 1 and "[768 x 2048] per rank" in qkv and "[2048 x 512] per rank" in o and "leaves 96 per rank" in moe
+    assert status == 0 and "[768 x 2048] per rank" in qkv and "[2048 x 512] per rank" in o
+    assert "96 per rank): other batches: triton_w8a8_moe " in moe
     status, (qkv, o, moe) = run("--tp", "4", "--ep-size", "4")  # whole experts: neither CUTLASS prefill nor GEMV
     assert status == 0 and "[1280 x 2048] per rank" in qkv
     assert moe.endswith("(hidden 2048, intermediate 768, experts split 4 ways): other batches: triton_moe (SGLang's "

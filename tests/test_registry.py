@@ -252,14 +252,9 @@ def test_moe_errors(libraries, gpu, flag, match):
 
 
 @pytest.mark.parametrize("gpu,hidden,intermediate,tp,match", [
-    (H200, 2048, 96, 1, r"intermediate size 96 is not a multiple of 128, .*triton_w8a8_moe: .* is opt-in: .*"
-                        r"SGLANG_MXFP8_ENABLED_KERNELS=triton_w8a8_moe turns it on, or keep this MoE layer BF16 "
-                        r"\(modules_to_not_convert\)\)$"),
-    # a tensor-parallel share: the splits that would work
-    (H200, 2048, 192, 4, r"intermediate size 768 split 4 ways .* leaves 192 per rank, not a multiple of 128, "
-                         r".*--tp / --ep-size = 1, 2, 3 or 6 "),
     # no split helps a size that is not a multiple of 128 whole
-    (H200, 2048, 48, 2, r"intermediate size 96, 48 per rank, is not a multiple of 128, .*keep this MoE layer BF16"),
+    (H200, 2048, 48, 2, r"triton_w8a8_moe: intermediate size 96 split 2 ways .* leaves 48 per rank, not a multiple "
+                        r"of 32, MXFP8's scale block; serve with --tp / --ep-size = 1 or 3 "),
     (B200, 2048, 48, 16, r"intermediate size 768 split 16 ways .* leaves 48 per rank, not a multiple of 32, the MXFP8 "
                          r"scale block; .* = 1, 2, 3, 4, 6, 8 or 12 "),
     (B200, 2050, 768, 2, r"hidden size 2050 is not a multiple of 32, the MXFP8 scale block; MXFP8 MoE cannot hold it"),
@@ -343,18 +338,18 @@ def test_no_plan_takes_an_opt_in_kernel_unless_the_setting_names_it(libraries, g
                     if settings is DEFAULT:
                         assert not names & opt_in, (kind, flag, hidden, inter)
                     taken |= names & opt_in
-    assert opt_in == ({"triton_w8a8_moe", "flashinfer_cutlass_moe_sm90"} if gpu is H200 else set())
+    assert opt_in == ({"flashinfer_cutlass_moe_sm90"} if gpu is H200 else set())
     assert taken == opt_in  # each one reachable once opted in
 
 
 @pytest.mark.parametrize("flag", ["auto", "triton", "flashinfer_cutlass"])
 @pytest.mark.parametrize("hidden,intermediate,tp", [(2880, 2880, 1), (2048, 96, 1), (576, 768, 1), (2048, 192, 4)])
-def test_moe_off_the_128_grid_takes_the_masked_moe_once_opted_in(libraries, flag, hidden, intermediate, tp):
+def test_moe_off_the_128_grid_takes_the_masked_moe(libraries, flag, hidden, intermediate, tp):
     """Sizes that are multiples of 32, not of 128 (a TP share of 192 too): the masked W8A8 MoE is the base kernel of
-    every Hopper MoE flag, a fallback announced as such under flashinfer_cutlass; no band kernel that needs whole
-    128-blocks joins it (DeepGEMM present)."""
+    every Hopper MoE flag (by default under auto and triton), a fallback announced as such under flashinfer_cutlass;
+    no band kernel that needs whole 128-blocks joins it (DeepGEMM present)."""
     libraries(True)
-    plan = moe(H200, flag, hidden, intermediate, tp, settings=OPTED_IN)
+    plan = moe(H200, flag, hidden, intermediate, tp, settings=OPTED_IN if flag == "flashinfer_cutlass" else DEFAULT)
     assert plan.bands() == {"other batches": "triton_w8a8_moe"}
     assert plan.entries[-1].fallback == (flag == "flashinfer_cutlass")
     refusals = {e.kernel.name: why for e, why in plan.skipped}

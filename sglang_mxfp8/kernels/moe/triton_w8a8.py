@@ -1,24 +1,19 @@
 from __future__ import annotations
 
-from ...settings import ENABLED_KERNELS_ENV
 from .common import BlockScaleExperts, standard_sized_experts
 
 
 class TritonW8A8MoE(BlockScaleExperts):
     """Our Triton W8A8 fused MoE (ops/triton_sm90.moe_w8a8) on the converted 128x128 block scales, its K and N tails
     masked: it serves the layers whose hidden or intermediate size is a multiple of MXFP8's 32 but not of the 128
-    that SGLang's block-FP8 MoE kernels need (gpt-oss's hidden 2880, SmolLM-class 576 / 960), nothing padded."""
+    that SGLang's block-FP8 MoE kernels need (gpt-oss's hidden 2880, SmolLM-class 576 / 960), nothing padded.
+    Verified on the H200 (benchmarks/RESULTS.md)."""
 
     name = "triton_w8a8_moe"
     title = "our Triton W8A8 fused MoE, K and N tails masked"
 
     def can_implement(self, spec):
         return standard_sized_experts(spec, 32, "MXFP8's scale block", "keep this MoE layer BF16 (modules_to_not_convert)")
-
-    def opt_in(self, gpu):
-        return (f"our masked Triton W8A8 MoE for sizes off the 128 grid is opt-in: checked by Triton's CPU "
-                f"interpreter, not yet run on a Hopper GPU; {ENABLED_KERNELS_ENV}={self.name} turns it on, or keep "
-                "this MoE layer BF16 (modules_to_not_convert)")
 
     def experts(self, layer, state, x, topk_weights, topk_ids):
         from ...ops.triton_sm90 import moe_w8a8
