@@ -1,5 +1,5 @@
 """FlashInfer's CUTLASS fused MoE on Hopper from the trimmed build (ops/flashinfer_moe_sm90.py), on the GPU: against
-a float32 reference, through the registry's plan for --moe-runner-backend flashinfer_cutlass, in a CUDA graph, and
+float32 references, through the registry's plan for --moe-runner-backend flashinfer_cutlass, in a CUDA graph, and
 after a refit in place. The first test builds the module into FlashInfer's cache (minutes on a fresh machine)."""
 
 import pytest
@@ -46,16 +46,30 @@ def _case(m, seed, e_count, h, inter, top_k):
     return layer, plan, x, (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
 
 
-def _reference(layer, x, tw, ids):
-    """The host MoE reference on the converted [up; gate] weights, both GEMM inputs 1x128 FP8-quantized, as the kernel
-    computes it."""
+def _reference(layer, x, tw, ids, fp8_activations=True):
+    """The host MoE reference on the converted [up; gate] weights: both GEMM inputs 1x128 FP8-quantized as the kernel
+    computes it, or (``fp8_activations=False``) the float32 layer on the FP8 weights with unquantized activations."""
     state = layer.mxfp8_state
     return moe_reference(x, layer.w13_weight, state.w13.block_scale, layer.w2_weight, state.w2.block_scale, tw, ids,
-                         up_first=True)
+                         fp8_activations, up_first=True)
 
 
 def _rel(out, ref):
     return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def _assert_as_accurate_as_host_w8a8(out, layer, x, tw, ids):
+    """The kernel's error against the float32 layer with unquantized activations is at most 1.1x that of the host
+    W8A8 reference (the error FP8 activations cost, about 0.044 on these weights), and it is within 3e-2 of that
+    reference. A closer bound to the W8A8 reference cannot hold for any kernel: its bf16-then-FP8 double rounding of
+    the intermediate flips FP8 values when GEMM1 sums in another order (1e-3 relative noise before its bf16 roundings
+    moves it by 0.016 on the CPU; SGLang's Triton block-FP8 MoE measures 0.012-0.019 from it on the H200). A wrong
+    [up; gate] order, scale layout or expert gives O(1)."""
+    w8a8, exact = _reference(layer, x, tw, ids), _reference(layer, x, tw, ids, fp8_activations=False)
+    kernel_err, host_err = _rel(out, exact), _rel(w8a8, exact)
+    print(f"rows {x.shape[0]}: kernel {kernel_err:.4f} and host W8A8 {host_err:.4f} from the float32 layer; "
+          f"kernel {_rel(out, w8a8):.4f} from host W8A8")
+    assert kernel_err <= 1.1 * host_err and _rel(out, w8a8) < 3e-2, (kernel_err, host_err, _rel(out, w8a8))
 
 
 def test_the_flag_plans_the_trimmed_module_and_it_builds():
@@ -70,8 +84,7 @@ def test_qwen3_30b_layer_matches_float32_reference(m):
     layer, plan, x, tw, ids = _case(m, seed=m, **QWEN3_30B)
     out = plan.base.experts(layer, layer.mxfp8_state, x, tw, ids)
     assert out.shape == x.shape and out.dtype == torch.bfloat16 and torch.isfinite(out).all()
-    rel = _rel(out, _reference(layer, x, tw, ids))
-    assert rel < 1e-2, rel  # a wrong [up; gate] order, scale layout or expert gives O(1)
+    _assert_as_accurate_as_host_w8a8(out, layer, x, tw, ids)
 
 
 def test_nan_token_leaves_the_other_tokens_as_they_were():
@@ -98,7 +111,7 @@ def test_refit_in_place_is_idempotent_and_serves_the_new_weights():
     scales = load_other_experts(layer, plan, state, torch.Generator(device="cuda").manual_seed(99))
     run = lambda: plan.base.experts(layer, state, x, tw, ids)  # noqa: E731
     out = run()
-    assert _rel(out, _reference(layer, x, tw, ids)) < 1e-2
+    _assert_as_accurate_as_host_w8a8(out, layer, x, tw, ids)
     assert_processing_again_changes_nothing(layer, plan, state, scales, run, out)
     assert storage(layer, state) == ptrs
 
