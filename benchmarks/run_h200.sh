@@ -223,7 +223,6 @@ fi-serve)
   python3 -c 'from sglang_mxfp8.ops import flashinfer_moe_sm90 as f; f.build()'
   echo "trimmed module ready (built or found) in $(( $(date +%s) - start )) s"
   FI="--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass"
-  export SGLANG_MXFP8_ENABLED_KERNELS=flashinfer_cutlass_moe_sm90  # opt-in until this phase has run on an H200
   timeout "${SERVE_TIMEOUT:-560}" python3 benchmarks/e2e/serve_check.py --out "$OUT" \
     --server bf16=/tmp/tm_bf16 \
     --server mx_fi=/tmp/tm_mx:"$FI" --refit mx_fi=/tmp/tm_mx,/tmp/tm2_mx \
@@ -243,7 +242,6 @@ for name, seed in (("og", 0), ("og2", 1)):
 PY
   TR="--fp8-gemm-backend triton --moe-runner-backend triton"
   FI="--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass"
-  export SGLANG_MXFP8_ENABLED_KERNELS=flashinfer_cutlass_moe_sm90  # opt-in: without it Hopper refuses the og_fi flag
   timeout 560 python3 benchmarks/e2e/serve_check.py --out "$OUT" \
     --server og_bf16=/tmp/og_bf16 \
     --server og_triton=/tmp/og_mx:"$TR" --refit og_triton=/tmp/og_mx,/tmp/og2_mx \

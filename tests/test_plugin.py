@@ -195,10 +195,13 @@ def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
     h200 = GpuSpec("NVIDIA H200", 90)
     args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(miles_ckpt))
     validate_launch(args, h200)
-    args.moe_runner_backend = "flashinfer_cutlass"  # a MoE checkpoint: FlashInfer's SM90 MoE is opt-in
-    with pytest.raises(Mxfp8LaunchError, match=r"flashinfer_cutlass on NVIDIA H200 \(SM90\).* is opt-in: .*"
-                                               r"SGLANG_MXFP8_ENABLED_KERNELS=flashinfer_cutlass_moe_sm90 .*--moe-runner-backend triton"):
+    args.moe_runner_backend = "flashinfer_cutlass"  # a MoE checkpoint: FlashInfer's SM90 fused MoE serves it
+    validate_launch(args, h200)
+    args.moe_runner_backend = "flashinfer_trtllm"
+    with pytest.raises(Mxfp8LaunchError) as e:
         validate_launch(args, h200)
+    assert e.value.code == ("sglang_mxfp8: --moe-runner-backend flashinfer_trtllm cannot run MXFP8 on NVIDIA H200 (SM90): "
+                            "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_cutlass")
     args.moe_runner_backend, args.fp8_gemm_runner_backend = "triton", "flashinfer_cutlass"
     with pytest.raises(Mxfp8LaunchError) as e:
         validate_launch(args, h200)

@@ -15,17 +15,14 @@ from sglang_mxfp8.format.numerics import moe_reference, quantize_mxfp8  # noqa: 
 from sglang_mxfp8.kernels import registry  # noqa: E402
 from sglang_mxfp8.kernels.base import MoESpec  # noqa: E402
 from sglang_mxfp8.ops import flashinfer_moe_sm90  # noqa: E402
-from sglang_mxfp8.settings import Settings  # noqa: E402
 from gpu_checks import (  # noqa: E402
     assert_graph_replay_equals_eager, assert_processing_again_changes_nothing, load_other_experts, storage)
 
 QWEN3_30B = dict(e_count=128, h=2048, inter=768, top_k=8)
-OPTED_IN = Settings(enabled_kernels=frozenset({"flashinfer_cutlass_moe_sm90"}))
 
 
 def _plan(e_count, h, inter):
-    return registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), "flashinfer_cutlass",
-                               OPTED_IN)
+    return registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), "flashinfer_cutlass")
 
 
 def _case(m, seed, e_count, h, inter, top_k):

@@ -646,14 +646,13 @@ def test_linear_op_traced_for_piecewise_graphs_replays_the_eager_layer(m, monkey
 # hidden / intermediate sizes off the 128 grid: I 96, H 576 (SmolLM-class), H 96 (w2's N not a multiple of 64),
 # gpt-oss-20b's 2880 x 2880 with 32 experts
 OFF_GRID = [(8, 2048, 96, 4), (8, 576, 768, 4), (4, 96, 160, 2), (32, 2880, 2880, 4)]
-OPTED_IN = Settings(enabled_kernels=frozenset({"triton_w8a8_moe", "flashinfer_cutlass_moe_sm90"}))  # the opt-in kernels
 
 
 @pytest.mark.parametrize("flag", ["auto", "triton", "flashinfer_cutlass"])
 @pytest.mark.parametrize("e_count,h,inter,top_k", OFF_GRID)
 def test_off_grid_moe_plans_the_masked_moe_and_matches_reference(flag, e_count, h, inter, top_k):
     """Every Hopper MoE flag serves a layer off the 128 grid with the masked W8A8 MoE, within 1e-2 of float32."""
-    plan = registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), flag, OPTED_IN)
+    plan = registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), flag)
     assert plan.bands() == {"other batches": "triton_w8a8_moe"}, plan.bands()
     for m in (1, 16, 256, 4096):
         x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m + h, e_count=e_count, h=h, inter=inter, top_k=top_k)
@@ -686,8 +685,7 @@ def test_masked_moe_nan_token_graph_replay_and_refit_in_place():
     layer = torch.nn.Module()
     layer.w13_weight = torch.nn.Parameter(torch.empty_like(w13), False)
     layer.w2_weight = torch.nn.Parameter(torch.empty_like(w2), False)
-    plan = registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), "triton",
-                               OPTED_IN)
+    plan = registry.select_moe(MoESpec("test.experts", e_count, h, inter), platform.visible_gpu(), "triton")
     state = plan.create_buffers(layer)
     ptrs = storage(layer, state)
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -713,8 +711,7 @@ def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16():
     layer.w2_weight = torch.nn.Parameter(torch.empty(e_count, h, inter, dtype=torch.float8_e4m3fn, device="cuda"), False)
     s13 = torch.empty(e_count, 2 * inter, h // 32, dtype=torch.uint8, device="cuda")
     s2 = torch.empty(e_count, h, inter // 32, dtype=torch.uint8, device="cuda")
-    plan = registry.select_moe(MoESpec("gpt_oss.experts", e_count, h, inter), platform.visible_gpu(), "auto",
-                               OPTED_IN)
+    plan = registry.select_moe(MoESpec("gpt_oss.experts", e_count, h, inter), platform.visible_gpu(), "auto")
     state = plan.create_buffers(layer)
     torch.cuda.synchronize()
     ratio = (torch.cuda.memory_allocated() - base) / bf16_bytes

@@ -5,7 +5,6 @@ from __future__ import annotations
 from ...ops import flashinfer_moe_sm90, flashinfer_sm90
 from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
 from ... import platform
-from ...settings import ENABLED_KERNELS_ENV
 from ..base import MOE_FLAG, OK, MoEKernel, compile_before_flashinfer, precompile_batches
 from .common import BlockScaleExperts, experts_on_first_rows, routed_batch, standard_sized_experts
 
@@ -46,7 +45,9 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
     """``cutlass_fused_moe`` in its DeepSeek FP8 block-scale mode on Hopper, from the trimmed JIT module
     (ops/flashinfer_moe_sm90.py: the BF16 x FP8 runner alone, 14 sources instead of FlashInfer's 181), built into
     FlashInfer's cache at the first load and reused after. Reads the same converted weights as the Triton MoE
-    (128x128 power-of-two block scales), w13 as [up; gate]; quantizes the activations per 1x128 group itself."""
+    (128x128 power-of-two block scales), w13 as [up; gate]; quantizes the activations per 1x128 group itself.
+    Runs where --moe-runner-backend flashinfer_cutlass asks for it, not under auto: on the H200 it measured
+    0.55-0.87x the speed of SGLang's Triton MoE (benchmarks/RESULTS.md)."""
 
     name = "flashinfer_cutlass_moe_sm90"
     title = "FlashInfer cutlass_fused_moe, DeepSeek FP8 block scales (trimmed SM90 build)"
@@ -54,12 +55,6 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
 
     def missing(self, gpu):
         return platform.flashinfer_missing() or flashinfer_moe_sm90.unsupported()
-
-    def opt_in(self, gpu):
-        return (f"{MOE_FLAG} flashinfer_cutlass on {gpu.label}: FlashInfer's CUTLASS fused MoE for FP8 block scales "
-                f"from a trimmed JIT build (14 of its 181 objects; kernel {self.name}) is opt-in: it compiles and "
-                f"links on CPU but has not yet run on a Hopper GPU; {ENABLED_KERNELS_ENV}={self.name} turns it on, or "
-                f"use {MOE_FLAG} triton (the same block-FP8 weights, SGLang's Triton fused MoE)")
 
     def can_implement(self, spec):
         return standard_sized_experts(spec, 128, "which FlashInfer's FP8 block-scale MoE needs (128x128 weight blocks)",
