@@ -6,7 +6,6 @@
 #   bash benchmarks/run_h200.sh recv|fa3-install              # FlashAttention 3 for the served runs (tools/ship_fa3.py)
 #   bash benchmarks/run_h200.sh gsm8k     # bench_sglang.py against the real server on a converted tiny model
 #   bash benchmarks/run_h200.sh reliability  # refit soak, refit under load, corrupt refits
-#   bash benchmarks/run_h200.sh stock     # the stock flashinfer_cutlass MoE command on an MXFP8 MoE checkpoint
 #   bash benchmarks/run_h200.sh fi-moe    # FlashInfer's SM90 fused MoE (trimmed build): build time, GPU tests, MoE table
 #   bash benchmarks/run_h200.sh masked    # the masked W8A8 MoE for sizes off the 128 grid: GPU tests, table vs BF16
 #   bash benchmarks/run_h200.sh fi-serve  # the stock flashinfer_cutlass command served: tiny Qwen3-MoE vs BF16, refits
@@ -181,14 +180,6 @@ gsm8k)
   ;;
 reliability)
   python3 benchmarks/reliability/refit_checks.py --out "$OUT" --refits "${REFITS:-100}"
-  ;;
-stock)
-  # the README's stock command, as is, on an MXFP8 MoE checkpoint: must fail before spawning, in one line
-  python3 -c 'from sglang_mxfp8.cli.tiny_model import write_qwen3_moe; from sglang_mxfp8.format.convert import convert; write_qwen3_moe("/tmp/st_bf16"); convert("/tmp/st_bf16", "/tmp/st_mx", force=True, progress=False)'
-  start=$(date +%s)
-  timeout 300 python3 -m sglang.launch_server --model-path /tmp/st_mx --fp8-gemm-backend flashinfer_trtllm \
-    --moe-runner-backend flashinfer_cutlass --skip-tokenizer-init --attention-backend triton > "$OUT/stock.log" 2>&1
-  echo "stock command exit code $? after $(( $(date +%s) - start )) s; last line:"; tail -n 1 "$OUT/stock.log"
   ;;
 fi-moe)
   # FlashInfer's CUTLASS fused MoE on SM90 from the trimmed build (sglang_mxfp8/ops/flashinfer_moe_sm90.py): built on
