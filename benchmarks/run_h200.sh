@@ -250,13 +250,13 @@ precompile)
   ;;
 startup)
   # start to /health_generate with empty compile caches and again on what that start left, BF16 then MXFP8
-  # (FlashInfer dense GEMM, Triton MoE), then MXFP8 with FlashInfer compiling its GEMM kernels alone
-  # (benchmarks/startup/bench_server_start.py); STARTUP_ARGS=--build-first instead: MXFP8 on caches filled by
-  # sglang-mxfp8 build (both in one command would pass 10 minutes); STARTUP_MODEL=e2e: the Qwen3-30B-A3B-shaped
-  # model e2e-prep wrote
+  # (FlashInfer dense GEMM, Triton MoE) (benchmarks/startup/bench_server_start.py); the extra runs in a second command
+  # on the same machine (all in one would pass 10 minutes): STARTUP_ARGS="--compile-jobs-zero --build-first
+  # --extras-only", MXFP8 with FlashInfer compiling its GEMM kernels alone and MXFP8 on caches filled by sglang-mxfp8
+  # build; STARTUP_MODEL=e2e: the Qwen3-30B-A3B-shaped model e2e-prep wrote
   if [ "${STARTUP_MODEL:-tiny}" = e2e ]; then B=/tmp/e2e/bf16 M=/tmp/e2e/mxfp8; else tiny_checkpoints; B=/tmp/tm_bf16 M=/tmp/tm_mx; fi
-  timeout 585 python3 benchmarks/startup/bench_server_start.py --out "$OUT" --bf16 $B --mx $M \
-    --label "${STARTUP_MODEL:-tiny}" ${STARTUP_ARGS:---compile-jobs-zero} 2>&1 | grep "^|\|Error\|error"
+  timeout "${STARTUP_TIMEOUT:-585}" python3 benchmarks/startup/bench_server_start.py --out "$OUT" --bf16 $B --mx $M \
+    --label "${STARTUP_MODEL:-tiny}" ${STARTUP_ARGS:-} 2>&1 | grep "^|\|Error\|error"
   ;;
 e2e-prep)
   # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints

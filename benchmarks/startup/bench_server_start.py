@@ -62,6 +62,9 @@ def main():
     ap.add_argument("--cache-root", default="/tmp/start_caches")
     ap.add_argument("--compile-jobs-zero", action="store_true")
     ap.add_argument("--build-first", action="store_true")
+    ap.add_argument("--extras-only", action="store_true",
+                    help="only the runs --compile-jobs-zero and --build-first add (the four base runs measured by an "
+                         "earlier command on the same machine; all in one passes 10 minutes)")
     ap.add_argument("--port", type=int, default=30400)
     ap.add_argument("--timeout", type=int, default=560)
     args = ap.parse_args()
@@ -72,12 +75,14 @@ def main():
     root = Path(args.cache_root) / args.label
     runs = [("BF16", "fresh", args.bf16, "", {}), ("BF16", "restart", args.bf16, "", {}),
             ("MXFP8", "fresh", args.mx, args.mx_flags, {}), ("MXFP8", "restart", args.mx, args.mx_flags, {})]
+    if args.extras_only:
+        runs = []
     if args.compile_jobs_zero:
         runs.append(("MXFP8, FlashInfer compiling alone", "fresh", args.mx, args.mx_flags,
                      {"SGLANG_MXFP8_COMPILE_JOBS": "0"}))
     if args.build_first:
         runs.append(("MXFP8 after sglang-mxfp8 build", "fresh, then built", args.mx, args.mx_flags, {}))
-    table = out / f"startup_{args.label}.md"
+    table = out / f"startup_{args.label}{'_extras' if args.extras_only else ''}.md"
     lines = [f"{args.label}: start to /health_generate (s), stock launcher, flags {args.flags or '(base)'}", "",
              "| server | caches | start s | the plugin's compile lines |", "|---|---|---|---|"]
     for i, (kind, caches, ckpt, flags, extra) in enumerate(runs):
