@@ -22,30 +22,33 @@ H200_SMS = 132
 
 @pytest.mark.parametrize("n,k", [(2048, 4096), (5120, 2048)])
 def test_batch_one_config_matches_the_h200_profile(n, k):
-    cfg = fs.tile_config(1, n, k, H200_SMS)
+    cfg = fs.tile_config(1, fs.GemmShape(n, k), H200_SMS)
     assert cfg == fs.TileConfig(swap_ab=True, block_m=128, block_n=16, stages=8, multicast=1)
     assert fs.jit_kernel_name(fs.GemmShape(n, k), cfg) == f"gemm_swapAB_{n}_{k}_128_16_128_1_81_8_1_Normal"
 
 
 def test_swap_ab_below_32_tokens_and_multicast_from_1024():
-    assert fs.tile_config(31, 5120, 2048, H200_SMS).swap_ab and not fs.tile_config(32, 5120, 2048, H200_SMS).swap_ab
-    assert fs.tile_config(1023, 5120, 2048, H200_SMS).multicast == 1
-    big = fs.tile_config(8192, 5120, 2048, H200_SMS)
+    dense = fs.GemmShape(5120, 2048)
+    assert fs.tile_config(31, dense, H200_SMS).swap_ab and not fs.tile_config(32, dense, H200_SMS).swap_ab
+    assert not fs.tile_config(32, dense, 78).swap_ab  # the 64-token threshold on 78 SMs is the grouped GEMMs' alone
+    assert fs.tile_config(1023, dense, H200_SMS).multicast == 1
+    big = fs.tile_config(8192, dense, H200_SMS)
     assert big.block_m == 128 and big.multicast == (2 if 5120 % (big.block_n * 2) == 0 else 1)
-    assert fs.tile_config(64, 5120, 2048, H200_SMS).block_m == 64 and fs.tile_config(65, 5120, 2048, H200_SMS).block_m == 128
+    assert fs.tile_config(64, dense, H200_SMS).block_m == 64 and fs.tile_config(65, dense, H200_SMS).block_m == 128
 
 
 @pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096), (14336, 4096), (4096, 14336)])
 def test_every_config_up_to_max_m_has_its_smallest_m(n, k):
-    configs = fs.configs_for(fs.GemmShape(n, k), 1, 8192, H200_SMS)
+    shape = fs.GemmShape(n, k)
+    configs = fs.configs_for(shape, 1, 8192, H200_SMS)
     assert 4 <= len(configs) <= 32  # a handful of kernels to compile per shape, not one per M
     for cfg, m in configs.items():
-        assert fs.tile_config(m, n, k, H200_SMS) == cfg
-        assert all(fs.tile_config(j, n, k, H200_SMS) != cfg for j in range(max(1, m - 64), m))
+        assert fs.tile_config(m, shape, H200_SMS) == cfg
+        assert all(fs.tile_config(j, shape, H200_SMS) != cfg for j in range(max(1, m - 64), m))
         assert fs._smem_bytes(cfg.stages, k, cfg.block_m, cfg.block_n, cfg.swap_ab) <= fs.SM90_SMEM_BYTES
-    assert {fs.tile_config(m, n, k, H200_SMS) for m in range(1, 8193, 37)} <= set(configs)
-    band = fs.configs_for(fs.GemmShape(n, k), 1000, 3000, H200_SMS)  # a band kernel's batches: what they select
-    assert set(band) == {fs.tile_config(m, n, k, H200_SMS) for m in range(1000, 3001)} and min(band.values()) == 1000
+    assert {fs.tile_config(m, shape, H200_SMS) for m in range(1, 8193, 37)} <= set(configs)
+    band = fs.configs_for(shape, 1000, 3000, H200_SMS)  # a band kernel's batches: what they select
+    assert set(band) == {fs.tile_config(m, shape, H200_SMS) for m in range(1000, 3001)} and min(band.values()) == 1000
 
 
 def test_serving_max_tokens_from_sglang_server_args():
@@ -182,15 +185,15 @@ def test_moe_configs_follow_the_batch_size(flashinfer_jit_functions):
     count and never multicast; each config listed with the smallest batch that selects it."""
     fc1, fc2 = fs.moe_gemm_shapes(128, 2048, 768)
     assert fc1 == fs.GemmShape(1536, 2048, 128, fs.GROUPED) and fc2 == fs.GemmShape(2048, 768, 128, fs.GROUPED)
-    assert fs.moe_tile_config(31, fc1, 132).swap_ab and not fs.moe_tile_config(32, fc1, 132).swap_ab
-    assert fs.moe_tile_config(63, fc1, 78).swap_ab and not fs.moe_tile_config(64, fc1, 78).swap_ab
-    assert fs.jit_kernel_name(fc2, fs.moe_tile_config(1, fc2, 132)) == "gemm_swapAB_2048_768_128_16_128_128_8128_8_1_GroupedWithOffset"
+    assert fs.tile_config(31, fc1, 132).swap_ab and not fs.tile_config(32, fc1, 132).swap_ab
+    assert fs.tile_config(63, fc1, 78).swap_ab and not fs.tile_config(64, fc1, 78).swap_ab
+    assert fs.jit_kernel_name(fc2, fs.tile_config(1, fc2, 132)) == "gemm_swapAB_2048_768_128_16_128_128_8128_8_1_GroupedWithOffset"
     for shape in (fc1, fc2):
         configs = fs.configs_for(shape, 1, 8192, 132)
         assert 2 <= len(configs) <= 16 and all(c.multicast == 1 for c in configs)
         for cfg, m in configs.items():
-            assert fs.moe_tile_config(m, shape, 132) == cfg
-            assert all(fs.moe_tile_config(j, shape, 132) != cfg for j in range(1, m))
+            assert fs.tile_config(m, shape, 132) == cfg
+            assert all(fs.tile_config(j, shape, 132) != cfg for j in range(1, m))
 
 
 def test_nvcc_command_carries_flashinfers_flags():
@@ -210,7 +213,7 @@ def test_compile_tile_configs_writes_each_cubin_where_flashinfer_reads_it(tmp_pa
     """Two configs compiled by concurrent nvcc processes into $TRTLLM_DG_CACHE_DIR/cache/<FlashInfer's kernel
     name>/nvcc_kernel.cubin; a second call finds them; a failing nvcc names the kernel in one line."""
     monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path))
-    cfgs = [fs.tile_config(1, 512, 256, 132), fs.tile_config(64, 512, 256, 132)]
+    cfgs = [fs.tile_config(1, fs.GemmShape(512, 256), 132), fs.tile_config(64, fs.GemmShape(512, 256), 132)]
     assert cfgs[0] != cfgs[1]
     shape = fs.GemmShape(512, 256)
     assert fs.compile_tile_configs(shape, cfgs, progress=False) == 2
@@ -222,7 +225,7 @@ def test_compile_tile_configs_writes_each_cubin_where_flashinfer_reads_it(tmp_pa
     assert not [p for p in (tmp_path / "tmp").iterdir() if p.is_dir()]  # work folders removed
     monkeypatch.setenv("TRTLLM_DG_NVCC_COMPILER", shutil.which("false"))
     with pytest.raises(fs.KernelCompileError, match=r"nvcc failed on FlashInfer SM90 GEMM kernel gemm_512_256_"):
-        fs.compile_tile_configs(shape, [fs.tile_config(4096, 512, 256, 132)], progress=False)
+        fs.compile_tile_configs(shape, [fs.tile_config(4096, fs.GemmShape(512, 256), 132)], progress=False)
 
 
 def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path, monkeypatch, capsys):
@@ -318,9 +321,9 @@ def test_a_flashinfer_whose_restated_sources_differ_compiles_its_kernels_itself(
         assert why.startswith(f"{copy / 'deep_gemm' / 'jit_utils.cuh'} is not a version whose logic sglang_mxfp8 restates")
         shape = fs.GemmShape(512, 256)
         with pytest.raises(fs.KernelCompileError, match="jit_utils.cuh is not a version"):
-            fs.compile_tile_configs(shape, [fs.tile_config(1, 512, 256, 132)], progress=False)
+            fs.compile_tile_configs(shape, [fs.tile_config(1, fs.GemmShape(512, 256), 132)], progress=False)
         with caplog.at_level(logging.WARNING):
-            compile_before_flashinfer(shape, [fs.tile_config(1, 512, 256, 132)])
+            compile_before_flashinfer(shape, [fs.tile_config(1, fs.GemmShape(512, 256), 132)])
         warned = [r.getMessage() for r in caplog.records if "not compiled concurrently" in r.getMessage()]
         assert len(warned) == 1 and "FlashInfer compiles them itself" in warned[0]
     finally:

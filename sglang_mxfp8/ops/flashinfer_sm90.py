@@ -101,28 +101,15 @@ def _best(m: int, n: int, k: int, num_sms: int, swap_ab: bool, groups: int = 1) 
     return TileConfig(swap_ab, block_m, best, stages, multicast)
 
 
-def tile_config(m: int, n: int, k: int, num_sms: int) -> TileConfig:
-    """The kernel ``fp8_blockscale_gemm_sm90`` compiles and runs for an [m, k] x [n, k]^T product."""
-    if m >= SWAP_AB_BELOW_M:
-        return _best(m, n, k, num_sms, swap_ab=False)
-    return _best(n, m, k, num_sms, swap_ab=True)
-
-
-def moe_tile_config(tokens: int, shape: GemmShape, num_sms: int) -> TileConfig:
-    """The kernel one grouped GEMM of the FP8 block-scale fused MoE runs for a batch of ``tokens`` tokens
-    (grouped_gemm_dispatch): FlashInfer's runner sets DeepGEMM's expected M to the batch's tokens
-    (CutlassFp8BlockScaleGemmRunner::getWorkspaceSize, called on every forward), swap-AB below 32 (64 on 78-SM
-    parts)."""
-    if tokens >= (64 if num_sms == 78 else SWAP_AB_BELOW_M):
-        return _best(tokens, shape.n, shape.k, num_sms, swap_ab=False, groups=shape.groups)
-    return _best(shape.n, tokens, shape.k, num_sms, swap_ab=True, groups=shape.groups)
-
-
-def kernel_config(m: int, shape: GemmShape, num_sms: int) -> TileConfig:
-    """The tile config FlashInfer runs ``shape`` with for a batch of ``m`` tokens."""
-    if shape.gemm_type == GROUPED:
-        return moe_tile_config(m, shape, num_sms)
-    return tile_config(m, shape.n, shape.k, num_sms)
+def tile_config(m: int, shape: GemmShape, num_sms: int) -> TileConfig:
+    """The kernel FlashInfer compiles and runs for ``shape`` and a batch of ``m`` tokens (gemm_dispatch,
+    grouped_gemm_dispatch): swap-AB (weight rows as the "M" side) below 32 tokens, below 64 for the grouped GEMMs
+    on 78-SM parts. The fused MoE's runner sets DeepGEMM's expected M to the batch's tokens
+    (CutlassFp8BlockScaleGemmRunner::getWorkspaceSize, called on every forward)."""
+    swap_below = 64 if shape.gemm_type == GROUPED and num_sms == 78 else SWAP_AB_BELOW_M
+    if m >= swap_below:
+        return _best(m, shape.n, shape.k, num_sms, swap_ab=False, groups=shape.groups)
+    return _best(shape.n, m, shape.k, num_sms, swap_ab=True, groups=shape.groups)
 
 
 def jit_kernel_name(shape: GemmShape, cfg: TileConfig) -> str:
@@ -139,7 +126,7 @@ def configs_for(shape: GemmShape, min_m: int, max_m: int, num_sms: int) -> Mappi
     every layer of a shape asks, and the walk takes 0.2 s at 16384 tokens)."""
     seen: Dict[TileConfig, int] = {}
     for m in range(min_m, max_m + 1):
-        seen.setdefault(kernel_config(m, shape, num_sms), m)
+        seen.setdefault(tile_config(m, shape, num_sms), m)
     return MappingProxyType(seen)
 
 
