@@ -82,6 +82,25 @@ def quantize_act_1x128(x: torch.Tensor, rows: int | None = None, m_major: bool =
 
 
 @triton.jit
+def _w8a8_dot(a_rows, mask_rows, sa_ptr, sa_offs, b_rows, mask_n, sb_ptr, sb_offs, K, KB,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """sum over K blocks of (A block @ B block^T) * sa * sb, float32: A rows e4m3 with a float32 scale per (row,
+    block), B rows ([N, K] weight) e4m3 with one per (row or row block, block); rows outside the masks and the K
+    tail load as zeros. The dense GEMM and the sorted-token MoE differ only in where their rows start."""
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, KB):
+        k = kb * BLOCK_K + offs_k
+        mk = k < K
+        a = tl.load(a_rows + k[None, :], mask=mask_rows[:, None] & mk[None, :], other=0.0)
+        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        sa = tl.load(sa_ptr + sa_offs + kb, mask=mask_rows, other=0.0)
+        sb = tl.load(sb_ptr + sb_offs + kb, mask=mask_n, other=0.0)
+        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+    return acc
+
+
+@triton.jit
 def _w8a8_gemm_kernel(
     a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr,
     M, N, K, KB,
@@ -101,20 +120,10 @@ def _w8a8_gemm_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    a_rows = a_ptr + offs_m[:, None] * stride_am
-    b_rows = b_ptr + offs_n[None, :] * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, KB):
-        k = kb * BLOCK_K + offs_k
-        mk = k < K
-        a = tl.load(a_rows + k[None, :], mask=mask_m[:, None] & mk[None, :], other=0.0)
-        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
-        sa = tl.load(sa_ptr + offs_m * KB + kb, mask=mask_m, other=0.0)
-        sb = tl.load(sb_ptr + offs_n * KB + kb, mask=mask_n, other=0.0)
-        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+    acc = _w8a8_dot(a_ptr + offs_m[:, None] * stride_am, mask_m, sa_ptr, offs_m * KB,
+                    b_ptr + offs_n[None, :] * stride_bn, mask_n, sb_ptr, offs_n * KB, K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     c = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
@@ -322,20 +331,10 @@ def _moe_w8a8_kernel(
     if tl.program_id(1) * BLOCK_M >= tl.load(padded_ptr):
         return
     ids, valid, expert, offs_n, mask_n = _expert_tile(sorted_ids_ptr, expert_ids_ptr, num_valid, N, BLOCK_M, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     rows = ids // A_ROW_DIV
-    a_rows = a_ptr + rows[:, None] * stride_am
-    b_rows = b_ptr + expert * stride_be + offs_n[None, :] * stride_bn
-    s_rows = sb_ptr + expert * stride_se + (offs_n // 128) * stride_sn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, KB):
-        k = kb * BLOCK_K + offs_k
-        mk = k < K
-        a = tl.load(a_rows + k[None, :], mask=valid[:, None] & mk[None, :], other=0.0)
-        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
-        sa = tl.load(sa_ptr + rows * stride_sam + kb, mask=valid, other=0.0)
-        sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
-        acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
+    acc = _w8a8_dot(a_ptr + rows[:, None] * stride_am, valid, sa_ptr, rows * stride_sam,
+                    b_ptr + expert * stride_be + offs_n[None, :] * stride_bn, mask_n,
+                    sb_ptr + expert * stride_se, (offs_n // 128) * stride_sn, K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
     _store_expert_tile(acc, c_ptr, stride_cm, topk_w_ptr, ids, valid, offs_n, mask_n, MUL_ROUTED_WEIGHT)
 
 
