@@ -244,6 +244,48 @@ def test_launch_builds_each_planned_kernels_jit_module_once_in_the_background(tm
                            GpuSpec("NVIDIA H200", 90)) == []  # a BF16 checkpoint: nothing of ours to build
 
 
+def test_background_builds_start_subprocesses_while_the_main_thread_sets_environment_variables(tmp_path, monkeypatch):
+    """FlashInfer's build runs nvcc and ninja from the build thread while SGLang's main thread still sets environment
+    variables; with CPython's vfork the child's execve can read the freed environment (EFAULT, "Bad address" on the
+    H100). After start_prebuilds, subprocess starts in the thread survive a main thread that keeps setting them."""
+    import os
+    from types import SimpleNamespace
+
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.format.convert import convert
+    from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
+    from sglang_mxfp8.platform import GpuSpec
+    from sglang_mxfp8.sglang.plugin import start_prebuilds, validate_launch
+
+    monkeypatch.setattr(subprocess, "_USE_VFORK", True, raising=False)  # restored after the test
+    mx = tmp_path / "mx"
+    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
+    args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(mx))
+    failures, runs = [], []
+
+    def nvcc_like_build(self):
+        for _ in range(150):
+            try:
+                subprocess.run(["true"], check=True)
+                runs.append(1)
+            except OSError as e:
+                failures.append(e.errno)
+
+    monkeypatch.setattr(FlashInferSm90, "prebuild", nvcc_like_build)
+    names = [f"SGLANG_MXFP8_TEST_ENV_{i}" for i in range(64)]
+    for name in names:
+        monkeypatch.delenv(name, raising=False)  # each is removed again after the test
+    (thread,) = start_prebuilds(validate_launch(args, GpuSpec("NVIDIA H200", 90)))
+    i = 0
+    while thread.is_alive():
+        os.environ[names[i % 64]] = "x" * (i % 97)
+        if i % 64 == 63:
+            for name in names:
+                os.environ.pop(name)
+        i += 1
+    assert failures == [] and len(runs) == 150 and i > 1000
+
+
 def test_modelopt_mxfp8_described_only_by_hf_quant_config(tmp_path):
     ckpt = write_config(tmp_path / "modelopt-file")
     (ckpt / "hf_quant_config.json").write_text(json.dumps({

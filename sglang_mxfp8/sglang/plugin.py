@@ -49,6 +49,7 @@ import inspect
 import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -283,9 +284,19 @@ def start_prebuilds(plans: List[Plan]) -> List[threading.Thread]:
     """Start, in background threads of the launching process, the CPU-only JIT builds of the planned base kernels
     (FlashInfer modules compiled into its cache), so that they overlap SGLang's start-up and model load instead of
     following them; the scheduler process loading the same module waits on FlashInfer's file lock for a build still
-    running."""
+    running.
+
+    The builds run nvcc and ninja as subprocesses while SGLang's main thread still sets environment variables. CPython
+    starts subprocesses with vfork, whose child runs execve on the parent's memory: a variable set meanwhile frees
+    the environment the child passes, and the start fails with EFAULT ("OSError: [Errno 14] Bad address:
+    '/usr/local/cuda/bin/nvcc'", seen on an H100). So the launching process forks instead from here on, for its
+    subprocesses and the processes multiprocessing spawns (SGLang's scheduler and detokenizer: a few starts, each
+    a few milliseconds slower)."""
     threads = []
-    for kernel in with_jit_modules(plan.base for plan in plans):
+    kernels = with_jit_modules(plan.base for plan in plans)
+    if kernels and hasattr(subprocess, "_USE_VFORK"):
+        subprocess._USE_VFORK = False
+    for kernel in kernels:
         thread = threading.Thread(target=_prebuild, args=(kernel,), name=f"sglang_mxfp8 build {kernel.name}", daemon=True)
         thread.start()
         threads.append(thread)

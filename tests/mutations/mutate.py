@@ -78,6 +78,8 @@ MUTATIONS = [
      "(None if self.name in settings.enabled_kernels else self.opt_in(gpu))", "None", DISPATCH),
     ("off-grid-deepgemm-band", "dispatch", "kernels/moe/deepgemm.py", "return standard_sized_experts(spec, 128,",
      "return standard_sized_experts(spec, 32,", DISPATCH),
+    ("prebuild-vfork", "dispatch", "sglang/plugin.py", "        subprocess._USE_VFORK = False", "        pass",
+     ["tests/test_plugin.py::test_background_builds_start_subprocesses_while_the_main_thread_sets_environment_variables"]),
     ("w8a8-act-scale", "kernels", "ops/triton_sm90.py", "sa = tl.load(sa_ptr + sa_offs + kb,",
      "sa = tl.load(sa_ptr + sa_offs + 0 * kb,",
      ["tests/test_triton_cpu.py::test_interpreted_masked_w8a8_moe_matches_float64_reference"]),
