@@ -3,10 +3,11 @@ empty compile caches (a fresh machine) and again on the caches that start left (
 
 Each cache set is its own folder for FlashInfer's JIT modules (FLASHINFER_WORKSPACE_BASE), FlashInfer's DeepGEMM
 kernels (TRTLLM_DG_CACHE_DIR), DeepGEMM's (DG_JIT_CACHE_DIR), Triton's (TRITON_CACHE_DIR) and TorchInductor's
-(TORCHINDUCTOR_CACHE_DIR). Runs, in order: BF16 fresh, BF16 restart, MXFP8 fresh, MXFP8 restart; with
+(TORCHINDUCTOR_CACHE_DIR). Runs, in order: BF16 fresh, BF16 restart, MXFP8 fresh, MXFP8 restart (--skip-bf16: the
+last two alone); with
 --compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone (SGLANG_MXFP8_COMPILE_JOBS=0); with
 --build-first MXFP8 on empty caches that ``sglang-mxfp8 build`` then filled (an image built with it; its own time
-in the notes column).
+in the notes column); --extras-only: those alone.
 Python's imports are warmed once first, so that the first run does not pay for a cold page cache alone.
 
     python benchmarks/startup/bench_server_start.py --out OUT --bf16 CKPT_BF16 --mx CKPT_MX \
@@ -62,6 +63,8 @@ def main():
     ap.add_argument("--cache-root", default="/tmp/start_caches")
     ap.add_argument("--compile-jobs-zero", action="store_true")
     ap.add_argument("--build-first", action="store_true")
+    ap.add_argument("--skip-bf16", action="store_true",
+                    help="MXFP8 fresh and restart alone (BF16's measured by an earlier command on the same machine)")
     ap.add_argument("--extras-only", action="store_true",
                     help="only the runs --compile-jobs-zero and --build-first add (the four base runs measured by an "
                          "earlier command on the same machine; all in one passes 10 minutes)")
@@ -75,6 +78,8 @@ def main():
     root = Path(args.cache_root) / args.label
     runs = [("BF16", "fresh", args.bf16, "", {}), ("BF16", "restart", args.bf16, "", {}),
             ("MXFP8", "fresh", args.mx, args.mx_flags, {}), ("MXFP8", "restart", args.mx, args.mx_flags, {})]
+    if args.skip_bf16:
+        runs = runs[2:]
     if args.extras_only:
         runs = []
     if args.compile_jobs_zero:
@@ -82,7 +87,8 @@ def main():
                      {"SGLANG_MXFP8_COMPILE_JOBS": "0"}))
     if args.build_first:
         runs.append(("MXFP8 after sglang-mxfp8 build", "fresh, then built", args.mx, args.mx_flags, {}))
-    table = out / f"startup_{args.label}{'_extras' if args.extras_only else ''}.md"
+    part = "_extras" if args.extras_only else "_mx" if args.skip_bf16 else ""
+    table = out / f"startup_{args.label}{part}.md"
     lines = [f"{args.label}: start to /health_generate (s), stock launcher, flags {args.flags or '(base)'}", "",
              "| server | caches | start s | the plugin's compile lines |", "|---|---|---|---|"]
     for i, (kind, caches, ckpt, flags, extra) in enumerate(runs):
