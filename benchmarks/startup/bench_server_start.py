@@ -4,9 +4,9 @@ empty compile caches (a fresh machine) and again on the caches that start left (
 Each cache set is its own folder for FlashInfer's JIT modules (FLASHINFER_WORKSPACE_BASE), FlashInfer's DeepGEMM
 kernels (TRTLLM_DG_CACHE_DIR), DeepGEMM's (DG_JIT_CACHE_DIR), Triton's (TRITON_CACHE_DIR) and TorchInductor's
 (TORCHINDUCTOR_CACHE_DIR). Runs, in order: BF16 fresh, BF16 restart, MXFP8 fresh, MXFP8 restart (--skip-bf16: the
-last two alone); with --compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone (SGLANG_MXFP8_COMPILE_JOBS=0); with
---build-first MXFP8 on empty caches that ``sglang-mxfp8 build`` then filled (an image built with it; its own time
-in the notes column); --extras-only: those alone.
+last two alone); with --compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone
+(SGLANG_MXFP8_COMPILE_JOBS=0); with --build-first MXFP8 on empty caches that ``sglang-mxfp8 build`` then filled (an
+image built with it; its own time in the notes column); --extras-only: those two alone.
 Python's imports are warmed once first, so that the first run does not pay for a cold page cache alone.
 
     python benchmarks/startup/bench_server_start.py --out OUT --bf16 CKPT_BF16 --mx CKPT_MX \
