@@ -1,6 +1,6 @@
-"""The sm_90 PTX Triton generates for the W8A8 GEMM and the masked W8A8 MoE at every tile config they pick, on a
-machine without a GPU: dump it before and after a change to the kernels and compare the K loops, so that a change
-meant to be codegen-neutral is checked as such where no GPU can time it.
+"""The sm_90 PTX Triton generates for the W8A8 GEMM and the masked W8A8 MoE at every tile config they pick, and for
+the weight-only GEMM and MoE, on a machine without a GPU: dump it before and after a change to the kernels and compare
+the K loops, so that a change meant to be codegen-neutral is checked as such where no GPU can time it.
 
     python benchmarks/kernels/w8a8_codegen.py dump > after.txt     # and, on the old commit, > before.txt
     python benchmarks/kernels/w8a8_codegen.py compare before.txt after.txt
@@ -45,6 +45,17 @@ def dump() -> None:
             kernels.append((f"dense m={m} bias={bias}", compile_sm90(
                 th._w8a8_gemm_kernel, dense, {"HAS_BIAS": bias, **{k: v for k, v in cfg.items() if k.isupper()}},
                 options(cfg))))
+    for m in (1, 64):  # the weight-only GEMM and MoE, which share the tile loads
+        cfg = th.w8a16_config(m)
+        kernels.append((f"weight-only dense m={m}", compile_sm90(
+            th._w8a16_gemm_kernel, {**dense, "x_ptr": "*bf16"},
+            {"SCALE_ROWS": 1, "HAS_BIAS": True, **{k: v for k, v in cfg.items() if k.isupper()}, "BLOCK_K": th.GROUP_K},
+            options(cfg))))
+    cfg = th.MOE_W8A16_CONFIG
+    kernels.append(("weight-only MoE down", compile_sm90(
+        th._moe_w8a16_kernel, {**moe, "a_ptr": "*bf16"},
+        {"A_ROW_DIV": 1, "MUL_ROUTED_WEIGHT": True, **{k: v for k, v in cfg.items() if k.isupper()},
+         "BLOCK_K": th.GROUP_K}, options(cfg))))
     for name, compiled in kernels:
         print(f"===== {name}")
         ptx = compiled.asm["ptx"]

@@ -82,18 +82,25 @@ def quantize_act_1x128(x: torch.Tensor, rows: int | None = None, m_major: bool =
 
 
 @triton.jit
+def _k_block(a_rows, mask_rows, b_rows, mask_n, K, kb, BLOCK_K: tl.constexpr):
+    """K block ``kb`` of A's rows [rows, BLOCK_K] and of the [N, K] weight's rows, transposed [BLOCK_K, cols]; rows
+    outside the masks and the K tail load as zeros (MXFP8's K is a multiple of 32, not always of BLOCK_K)."""
+    k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    mk = k < K
+    a = tl.load(a_rows + k[None, :], mask=mask_rows[:, None] & mk[None, :], other=0.0)
+    b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+    return a, b
+
+
+@triton.jit
 def _w8a8_dot(a_rows, mask_rows, sa_ptr, sa_offs, b_rows, mask_n, sb_ptr, sb_offs, K, KB,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """sum over K blocks of (A block @ B block^T) * sa * sb, float32: A rows e4m3 with a float32 scale per (row,
     block), B rows ([N, K] weight) e4m3 with one per (row or row block, block); rows outside the masks and the K
     tail load as zeros. The dense GEMM and the sorted-token MoE differ only in where their rows start."""
-    offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, KB):
-        k = kb * BLOCK_K + offs_k
-        mk = k < K
-        a = tl.load(a_rows + k[None, :], mask=mask_rows[:, None] & mk[None, :], other=0.0)
-        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        a, b = _k_block(a_rows, mask_rows, b_rows, mask_n, K, kb, BLOCK_K)
         sa = tl.load(sa_ptr + sa_offs + kb, mask=mask_rows, other=0.0)
         sb = tl.load(sb_ptr + sb_offs + kb, mask=mask_n, other=0.0)
         acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
@@ -163,13 +170,9 @@ def _weight_only_dot(a_rows, mask_rows, b_rows, mask_n, s_rows, K, KB,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """float32 [BLOCK_M, BLOCK_N] = A[rows] @ (e4m3 W[cols] x its per-128-K power-of-two scale)^T over all
     of K. The weight is dequantized in A's dtype (exact in bf16) right before one tensor-core dot per tile."""
-    offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, KB):
-        k = kb * BLOCK_K + offs_k
-        mk = k < K
-        a = tl.load(a_rows + k[None, :], mask=mask_rows[:, None] & mk[None, :], other=0.0)
-        b = tl.load(b_rows + k[:, None], mask=mask_n[None, :] & mk[:, None], other=0.0)
+        a, b = _k_block(a_rows, mask_rows, b_rows, mask_n, K, kb, BLOCK_K)
         sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
         acc = tl.dot(a, (b.to(tl.float32) * sb[None, :]).to(a.dtype), acc)
     return acc
