@@ -95,9 +95,9 @@ def _k_block(a_rows, mask_rows, b_rows, mask_n, K, kb, BLOCK_K: tl.constexpr):
 @triton.jit
 def _w8a8_dot(a_rows, mask_rows, sa_ptr, sa_offs, b_rows, mask_n, sb_ptr, sb_offs, K, KB,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """sum over K blocks of (A block @ B block^T) * sa * sb, float32: A rows e4m3 with a float32 scale per (row,
-    block), B rows ([N, K] weight) e4m3 with one per (row or row block, block); rows outside the masks and the K
-    tail load as zeros. The dense GEMM and the sorted-token MoE differ only in where their rows start."""
+    """float32 sum over K blocks of (A block @ B block^T) * sa * sb: A rows e4m3 with a float32 scale per (row,
+    block), B rows ([N, K] weight) e4m3 with one per (row or row block, block). The dense GEMM and the sorted-token
+    MoE differ only in where their rows and scales start."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, KB):
         a, b = _k_block(a_rows, mask_rows, b_rows, mask_n, K, kb, BLOCK_K)
