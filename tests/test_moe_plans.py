@@ -166,18 +166,12 @@ def test_a_tensor_parallel_split_off_the_128_grid_without_the_masked_moe_names_t
     """Qwen3-30B-A3B's experts (intermediate 768) at --tp 4 / 8 on an H200: SGLang's FusedMoE hands our MoE method
     768 / tp rows per rank, off the 128 grid, which the masked W8A8 MoE serves (test_registry). With it disabled, the
     load fails in one line naming the splits whose share is a multiple of 128 and expert parallelism."""
-    from sglang_mxfp8 import settings
-
-    monkeypatch.setenv("SGLANG_MXFP8_DISABLED_KERNELS", "triton_w8a8_moe")
-    settings.current.cache_clear()
+    monkeypatch.setenv("SGLANG_MXFP8_DISABLED_KERNELS", "triton_w8a8_moe")  # read fresh: conftest's fresh_settings
     qm, method = _method(monkeypatch)
     layer = torch.nn.Module()
     layer.moe_tp_size = tp
-    try:
-        with pytest.raises(Mxfp8ConfigError) as e:
-            method.create_weights(layer, 128, 2048, intermediate, torch.bfloat16)
-    finally:
-        settings.current.cache_clear()
+    with pytest.raises(Mxfp8ConfigError) as e:
+        method.create_weights(layer, 128, 2048, intermediate, torch.bfloat16)
     assert str(e.value).endswith(
         f"(triton_moe: intermediate size 768 split {tp} ways by tensor parallelism (--tp / --ep-size) leaves "
         f"{intermediate} per rank, not a multiple of 128, which SGLang's block-FP8 Triton MoE needs; serve with --tp / "
