@@ -209,6 +209,19 @@ def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
                             "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_trtllm")
 
 
+def _tiny_moe_launch(tmp_path):
+    """The launch arguments of a tiny MXFP8 Qwen3-MoE (converted from tmp_path/bf16) with FlashInfer's dense GEMM and
+    the Triton MoE."""
+    from types import SimpleNamespace
+
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.format.convert import convert
+
+    mx = tmp_path / "mx"
+    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
+    return SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(mx))
+
+
 def test_launch_builds_each_planned_kernels_jit_module_once_in_the_background(tmp_path, monkeypatch, caplog):
     """The launch plans an MXFP8 MoE checkpoint with FlashInfer's dense GEMM and the Triton MoE: FlashInfer's GEMM
     module is built once, in a background thread of the launching process (not once per layer; the Triton MoE has no
@@ -217,15 +230,11 @@ def test_launch_builds_each_planned_kernels_jit_module_once_in_the_background(tm
     import threading
     from types import SimpleNamespace
 
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
-    from sglang_mxfp8.format.convert import convert
     from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
     from sglang_mxfp8.platform import GpuSpec
     from sglang_mxfp8.sglang.plugin import start_prebuilds, validate_launch
 
-    mx = tmp_path / "mx"
-    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
-    args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(mx))
+    args = _tiny_moe_launch(tmp_path)
     plans = validate_launch(args, GpuSpec("NVIDIA H200", 90))
     assert {plan.base.name for plan in plans} == {"flashinfer_sm90", "triton_moe"} and len(plans) >= 3
     built = []
@@ -249,18 +258,12 @@ def test_background_builds_start_subprocesses_while_the_main_thread_sets_environ
     variables; with CPython's vfork the child's execve can read the freed environment (EFAULT, "Bad address" on the
     H100). After start_prebuilds, subprocess starts in the thread survive a main thread that keeps setting them."""
     import os
-    from types import SimpleNamespace
 
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
-    from sglang_mxfp8.format.convert import convert
     from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
     from sglang_mxfp8.platform import GpuSpec
     from sglang_mxfp8.sglang.plugin import start_prebuilds, validate_launch
 
     monkeypatch.setattr(subprocess, "_USE_VFORK", True, raising=False)  # restored after the test
-    mx = tmp_path / "mx"
-    convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
-    args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(mx))
     failures, runs = [], []
 
     def nvcc_like_build(self):
@@ -275,7 +278,7 @@ def test_background_builds_start_subprocesses_while_the_main_thread_sets_environ
     names = [f"SGLANG_MXFP8_TEST_ENV_{i}" for i in range(64)]
     for name in names:
         monkeypatch.delenv(name, raising=False)  # each is removed again after the test
-    (thread,) = start_prebuilds(validate_launch(args, GpuSpec("NVIDIA H200", 90)))
+    (thread,) = start_prebuilds(validate_launch(_tiny_moe_launch(tmp_path), GpuSpec("NVIDIA H200", 90)))
     i = 0
     while thread.is_alive():
         os.environ[names[i % 64]] = "x" * (i % 97)
