@@ -10,6 +10,7 @@
 #   bash benchmarks/run_h200.sh masked    # the masked W8A8 MoE for sizes off the 128 grid: GPU tests, table vs BF16
 #   bash benchmarks/run_h200.sh fi-serve  # the stock flashinfer_cutlass command served: tiny Qwen3-MoE vs BF16, refits
 #   bash benchmarks/run_h200.sh off-grid  # a tiny Qwen3-MoE off the 128 grid (hidden 576, intermediate 96) served vs its BF16 twin, refits
+#   bash benchmarks/run_h200.sh jit-build # FlashInfer's SM90 GEMM modules built on empty caches (full vs DeepGEMM-only source), then their GPU tests
 #   bash benchmarks/run_h200.sh precompile  # the per-tile-config kernels (dense, fused MoE) named as FlashInfer compiles them, ours bit-equal
 #   bash benchmarks/run_h200.sh startup   # server start, empty caches vs restart, BF16 vs MXFP8 (tiny; STARTUP_MODEL=e2e: /tmp/e2e after e2e-prep)
 #   bash benchmarks/run_h200.sh moe       # MoE layer: MXFP8 vs BF16 time, error, weight memory; MoE tile sweep
@@ -241,6 +242,30 @@ PY
     --compare og_bf16,og_triton --compare og_triton,og_triton+refit_same --compare og2_triton,og_triton+refit_other \
     --compare og_bf16,og_fi --compare og_triton,og_fi
   grep -h "sglang_mxfp8.*MoE\|sglang_mxfp8.*experts" "$OUT"/server_og_fi.log | head -6
+  ;;
+jit-build)
+  # each module on an empty cache, one after another with every CPU: FlashInfer's own dense fp8_blockscale_gemm_90, ours
+  # from the DeepGEMM-only GEMM source (ops/flashinfer_blockscale_build.py), the trimmed fused MoE; ninja's per-object
+  # times kept; then, on those builds, the GPU tests of both ops (ours against FlashInfer's full module bit for bit)
+  export FLASHINFER_WORKSPACE_BASE=/tmp/fi_jit_build
+  rm -rf $FLASHINFER_WORKSPACE_BASE
+  for module in "flashinfer full dense" "deepgemm-only dense" "trimmed fused MoE"; do
+    start=$(date +%s%N)
+    timeout 300 python3 - "$module" <<'PY' 2>&1 | grep -v "^\s*$" | tail -2
+import sys
+from flashinfer.jit.gemm import gen_fp8_blockscale_gemm_sm90_module
+from sglang_mxfp8.ops import flashinfer_blockscale_build as fb, flashinfer_moe_sm90 as moe
+build = {"flashinfer full dense": lambda: fb.build_spec(gen_fp8_blockscale_gemm_sm90_module()),
+         "deepgemm-only dense": fb.build_dense, "trimmed fused MoE": moe.build}[sys.argv[1]]
+build()
+PY
+    echo "| $module | $(( ($(date +%s%N) - start) / 1000000 )) ms | $(nproc) CPUs |"
+  done
+  for log in $(find $FLASHINFER_WORKSPACE_BASE -name .ninja_log); do
+    cp "$log" "$OUT/ninja_log_$(basename "$(dirname "$log")").txt"
+  done
+  python3 -m pytest -q -rf tests/gpu/test_hopper_kernels.py -k "(flashinfer or trimmed or backend_matches_reference) and not precompile" 2>&1 | tail -4
+  python3 -m pytest -q -rf tests/gpu/test_flashinfer_moe_sm90.py -k "not precompile" 2>&1 | tail -4
   ;;
 precompile)
   # the kernels FlashInfer's SM90 JIT compiles per tile config (dense GEMM; the fused MoE's grouped GEMMs, after the

@@ -7,7 +7,8 @@ FlashInfer's SM90 ``fused_moe_90`` module compiles every dtype pair its binding 
 FlashInfer's own SM90 JIT spec for the installed version (its sources from the wheel, nvcc flags for sm_90a, include
 paths, cache directory) reduced to that runner: 14 sources with FlashInfer 0.6.7, two of them derived from
 FlashInfer's: the binding with its constructor reduced to the BF16 x FP8 runner, and the explicit instantiation of
-that runner alone. Python calls go through FlashInfer's own ``cutlass_fused_moe`` wrapper, handed this module
+that runner alone; its ``fp8_blockscale_gemm.cu`` is the DeepGEMM-only copy (ops/flashinfer_blockscale_build.py).
+Python calls go through FlashInfer's own ``cutlass_fused_moe`` wrapper, handed this module
 instead of the full one.
 """
 
@@ -20,6 +21,8 @@ import re
 import threading
 import time
 from pathlib import Path
+
+from .flashinfer_blockscale_build import TrimmedBuildError, build_spec, gemm_source_for, write_if_different
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +50,6 @@ _INSTANTIATIONS = "fused_moe/cutlass_backend/cutlass_fused_moe_instantiation.cu"
 _MOE_GEMM_KERNELS = "moe_gemm_kernels_"  # one source per dtype pair: moe_gemm_kernels_bf16_fp8.cu is this runner's
 _RUNNER_DTYPES = "_bf16_fp8.cu"
 _LEFT_OUT_FLAGS = ("-DENABLE_FP4",)  # the FP4 runners and kernels are not compiled here
-
-
-class TrimmedBuildError(RuntimeError):
-    """FlashInfer's sources do not have the shape this trimmed build derives from."""
 
 
 def trimmed_binding(binding_source: str) -> str:
@@ -113,7 +112,8 @@ def _kept(source: Path, csrc: Path) -> bool:
 def block_scale_moe_spec():
     """FlashInfer JitSpec of the trimmed SM90 fused MoE: FlashInfer's own SM90 spec (its flags, include paths, link
     flags, for the installed version and CUDA) with the sources and the FP4 define this runner does not need left
-    out and the two derived sources, written into FlashInfer's generated-source cache, added."""
+    out and the two derived sources, written into FlashInfer's generated-source cache, added; the FP8 block-scale GEMM
+    source trimmed to its DeepGEMM path where it can be."""
     import dataclasses
 
     from flashinfer.jit import env as jit_env
@@ -128,24 +128,20 @@ def block_scale_moe_spec():
     gen_dir.mkdir(parents=True, exist_ok=True)
     binding = gen_dir / "fp8_block_scale_moe_binding.cu"
     instantiation = gen_dir / "fp8_block_scale_moe_instantiation.cu"
-    _write_if_different(binding, trimmed_binding((csrc / _BINDING).read_text()))
-    _write_if_different(instantiation, _INSTANTIATION)
+    write_if_different(binding, trimmed_binding((csrc / _BINDING).read_text()))
+    write_if_different(instantiation, _INSTANTIATION)
     kept = [src for src in full.sources if _kept(src, csrc)]
     if not any(src.name.startswith(_MOE_GEMM_KERNELS) for src in kept):
         raise TrimmedBuildError(f"FlashInfer {_version()}'s SM90 fused MoE lists no {_MOE_GEMM_KERNELS}*{_RUNNER_DTYPES}; "
                                 f"use {MOE_FLAG} triton")
     generated = Path(jit_env.FLASHINFER_GEN_SRC_DIR) / "cutlass_instantiations"
     includes = [d for d in full.extra_include_dirs or [] if not d.is_relative_to(generated)]
-    return dataclasses.replace(
+    spec = dataclasses.replace(
         full, name=MODULE_NAME, sources=kept + [binding, instantiation],
         extra_cuda_cflags=[f for f in full.extra_cuda_cflags if f not in _LEFT_OUT_FLAGS],
         extra_include_dirs=includes + [csrc / "fused_moe" / "cutlass_backend", csrc],
     )
-
-
-def _write_if_different(path: Path, text: str) -> None:
-    if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+    return gemm_source_for(spec, MODULE_NAME)
 
 
 _lock = threading.Lock()
@@ -180,7 +176,7 @@ def build(verbose: bool = False) -> Path:
                 logger.info("compiling FlashInfer's SM90 FP8 block-scale fused MoE (%d sources, once per FlashInfer "
                             "version; cached in %s)", len(spec.sources), spec.build_dir)
             with _progress("FlashInfer SM90 fused MoE"):
-                spec.build(verbose)
+                build_spec(spec, verbose)
             _built.append(spec.jit_library_path)
     return _built[0]
 
