@@ -200,7 +200,8 @@ from sglang_mxfp8.ops import flashinfer_moe_sm90 as f; f.fused_moe_api()' 2>&1 |
   ;;
 masked)
   # the masked W8A8 MoE for sizes off the 128 grid: its GPU tests (every Hopper MoE flag, a NaN token, graph replay,
-  # refit, the gpt-oss-20b layer's memory), then its table against BF16 (and SGLang's Triton MoE on the grid)
+  # refit, the gpt-oss-20b layer's memory), then its table against BF16 and SGLang's Triton block-FP8 MoE (on the grid, and
+  # on the experts zero-padded to it off the grid: padding, the alternative to masking)
   python3 -m pytest -q -rf -s tests/gpu/test_hopper_kernels.py -k "off_grid or masked or gpt_oss" 2>&1 | grep "passed\|failed\|FAILED\|Error\|BF16 ("
   # MASKED_BENCH=0: the tests alone (then the off-grid phase fits the same command)
   if [ "${MASKED_BENCH:-1}" = 1 ]; then
