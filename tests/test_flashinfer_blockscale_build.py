@@ -127,6 +127,23 @@ def test_deepgemm_switched_off_compiles_flashinfers_full_source_and_says_why(tmp
     assert got["dense"] == got["stock"] and str(Path(got["csrc"]) / fb.GEMM_SOURCE) in got["fused"]
 
 
+def test_a_runner_factory_that_takes_no_module_keeps_flashinfers_dense_module(tmp_path):
+    """Where FlashInfer's runner factory is not the cached function of its module generator, the dense op loads
+    FlashInfer's own module (built by the same prebuild), and a log line says why."""
+    code = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+from flashinfer.gemm import gemm_base
+del gemm_base.get_fp8_blockscale_gemm_runner_sm90.__wrapped__
+from sglang_mxfp8.ops import flashinfer_blockscale_build as fb
+print("NAME", fb.dense_spec().name)
+"""
+    p = run_python(code, {"FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "NAME fp8_blockscale_gemm_90\n" in p.stdout
+    assert "compiles its full fp8_blockscale_gemm.cu (FlashInfer's gemm_base has no cached" in p.stdout
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (CUDA toolkit) on this machine")
 def test_trimmed_source_compiles_with_flashinfers_command_without_the_left_out_kernels(tmp_path):
     """The object nvcc makes with FlashInfer's own ninja rule for the dense module holds the DeepGEMM path's host

@@ -152,14 +152,32 @@ def gemm_source_for(spec, name: str):
     return spec
 
 
+def _runner_factory_takes_a_module() -> bool:
+    """Whether FlashInfer's SM90 runner factory is the cached function of the module generator it calls, the shape
+    :func:`dense_runner` hands the trimmed module to."""
+    from flashinfer.gemm import gemm_base
+
+    factory = getattr(gemm_base, "get_fp8_blockscale_gemm_runner_sm90", None)
+    return (getattr(factory, "__wrapped__", None) is not None
+            and hasattr(gemm_base, "gen_fp8_blockscale_gemm_sm90_module"))
+
+
 @functools.lru_cache(maxsize=1)
 def dense_spec():
     """The JitSpec of FlashInfer's SM90 ``fp8_blockscale_gemm_sm90`` op this package loads: FlashInfer's own where
-    flashinfer-jit-cache ships it prebuilt, else the same with the trimmed GEMM source."""
+    flashinfer-jit-cache ships it prebuilt or its runner factory cannot be handed another module, else the same
+    with the trimmed GEMM source."""
     from flashinfer.jit.gemm import gen_fp8_blockscale_gemm_sm90_module
 
     stock = gen_fp8_blockscale_gemm_sm90_module()
-    return stock if stock.is_aot else gemm_source_for(stock, DENSE_MODULE)
+    if stock.is_aot:
+        return stock
+    if not _runner_factory_takes_a_module():
+        logger.info("sglang_mxfp8: FlashInfer's %s compiles its full %s (FlashInfer's gemm_base has no cached "
+                    "get_fp8_blockscale_gemm_runner_sm90 to hand the trimmed module to)", stock.name,
+                    Path(GEMM_SOURCE).name)
+        return stock
+    return gemm_source_for(stock, DENSE_MODULE)
 
 
 def build_dense(verbose: bool = False) -> None:
@@ -170,11 +188,13 @@ def build_dense(verbose: bool = False) -> None:
 @functools.lru_cache(maxsize=1)
 def dense_runner():
     """FlashInfer's SM90 block-scale GEMM runner from :func:`dense_spec`: FlashInfer's runner factory, its module
-    generator pointed at that spec."""
+    generator pointed at that spec (FlashInfer's own factory as it is where the spec is FlashInfer's)."""
     from flashinfer.gemm import gemm_base
 
     build_dense()
     spec = dense_spec()
+    if spec.name != DENSE_MODULE:
+        return gemm_base.get_fp8_blockscale_gemm_runner_sm90()
     original = gemm_base.gen_fp8_blockscale_gemm_sm90_module
     gemm_base.gen_fp8_blockscale_gemm_sm90_module = lambda use_fast_build=False: spec
     try:

@@ -95,6 +95,8 @@ MUTATIONS = [
      '    if os.environ.get(DEEPGEMM_SWITCH) == "0":', "    if False:", ["tests/test_flashinfer_blockscale_build.py"]),
     ("trimmed-gemm-keeps-sm89", "build", "ops/flashinfer_blockscale_build.py",
      '    trimmed = source.replace(_SM89_INCLUDE, "")', "    trimmed = source", ["tests/test_flashinfer_blockscale_build.py"]),
+    ("trimmed-gemm-factory-check", "build", "ops/flashinfer_blockscale_build.py",
+     "    if not _runner_factory_takes_a_module():", "    if False:", ["tests/test_flashinfer_blockscale_build.py"]),
     ("kernel-source-stages", "compile", "ops/flashinfer_sm90.py", "{cfg.stages}, {threads}", "{cfg.stages - 1}, {threads}",
      ["tests/test_flashinfer_sm90.py"]),
     ("tile-waves-groups", "compile", "ops/flashinfer_sm90.py", "_cdiv(n, bn) * groups", "_cdiv(n, bn)",
