@@ -51,8 +51,8 @@ def build(args) -> int:
             return 1
         for kernel in with_jit_modules(kernels):
             start = time.perf_counter()
-            print(f"{kernel.name}: building its JIT module (once per library version; up to two minutes the first time)",
-                  flush=True)
+            print(f"{kernel.name}: building its JIT module (once per library version; up to two minutes the first "
+                  "time)", flush=True)
             kernel.prebuild()
             print(f"{kernel.name}: JIT module ready in {time.perf_counter() - start:.0f} s", flush=True)
     if not args.model:

@@ -8,8 +8,7 @@ FlashInfer's own SM90 JIT spec for the installed version (its sources from the w
 paths, cache directory) reduced to that runner: 14 sources with FlashInfer 0.6.7, two of them derived from
 FlashInfer's: the binding with its constructor reduced to the BF16 x FP8 runner, and the explicit instantiation of
 that runner alone; its ``fp8_blockscale_gemm.cu`` is the DeepGEMM-only copy (ops/flashinfer_blockscale_build.py).
-Python calls go through FlashInfer's own ``cutlass_fused_moe`` wrapper, handed this module
-instead of the full one.
+Python calls go through FlashInfer's own ``cutlass_fused_moe`` wrapper, handed this module instead of the full one.
 """
 
 from __future__ import annotations
