@@ -279,10 +279,12 @@ startup)
   # (FlashInfer dense GEMM, Triton MoE) (benchmarks/startup/bench_server_start.py); the extra runs in a second command
   # on the same machine (all in one would pass 10 minutes): STARTUP_ARGS="--compile-jobs-zero --build-first
   # --extras-only", MXFP8 with FlashInfer compiling its GEMM kernels alone and MXFP8 on caches filled by sglang-mxfp8
-  # build; STARTUP_MODEL=e2e: the Qwen3-30B-A3B-shaped model e2e-prep wrote
+  # build; STARTUP_MODEL=e2e: the Qwen3-30B-A3B-shaped model e2e-prep wrote; STARTUP_MX_FLAGS: the MXFP8 server's
+  # backend flags instead, e.g. "--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass"
   if [ "${STARTUP_MODEL:-tiny}" = e2e ]; then B=/tmp/e2e/bf16 M=/tmp/e2e/mxfp8; else tiny_checkpoints; B=/tmp/tm_bf16 M=/tmp/tm_mx; fi
   timeout "${STARTUP_TIMEOUT:-585}" python3 benchmarks/startup/bench_server_start.py --out "$OUT" --bf16 $B --mx $M \
-    --label "${STARTUP_MODEL:-tiny}" ${STARTUP_ARGS:-} 2>&1 | grep "^|\|Error\|error"
+    --label "${STARTUP_MODEL:-tiny}" ${STARTUP_MX_FLAGS:+--mx-flags "$STARTUP_MX_FLAGS"} ${STARTUP_ARGS:-} 2>&1 |
+    grep "^|\|Error\|error"
   ;;
 e2e-prep)
   # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints
