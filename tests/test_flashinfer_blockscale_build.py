@@ -1,6 +1,7 @@
 """FlashInfer's FP8 block-scale GEMM source trimmed to its DeepGEMM path
-(sglang_mxfp8/ops/flashinfer_blockscale_build.py), derived from the installed FlashInfer's real header and JIT specs, and compiled with FlashInfer's own nvcc command where
-this machine has nvcc. The modules' link, load and numbers are the GPU tests' (tests/gpu)."""
+(sglang_mxfp8/ops/flashinfer_blockscale_build.py), derived from the installed FlashInfer's real header and JIT specs,
+and compiled with FlashInfer's own nvcc command where this machine has nvcc. The modules' link, load and numbers are
+the GPU tests' (tests/gpu)."""
 
 import json
 import os

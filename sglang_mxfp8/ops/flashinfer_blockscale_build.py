@@ -12,6 +12,7 @@ dispatch functions an error instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -81,13 +82,20 @@ def _flashinfer_csrc() -> Path:
     return Path(jit_env.FLASHINFER_CSRC_DIR)
 
 
+@functools.lru_cache(maxsize=1)
+def _installed_trimmed_header() -> str:
+    """The installed FlashInfer's kernel header, trimmed (read and cut once per process; raises as
+    :func:`trimmed_kernel_header` does)."""
+    return trimmed_kernel_header((_flashinfer_csrc() / GEMM_DIR / KERNEL_HEADER).read_text())
+
+
 def write_trimmed_source(gen_dir: Path) -> Path:
     """The trimmed fp8_blockscale_gemm.cu in ``gen_dir`` beside its trimmed header (a quoted include looks beside the
     including file first); FlashInfer's other headers of the GEMM folder come from the include path
     :func:`with_trimmed_gemm` adds. Files are rewritten only when they differ, so ninja rebuilds only on a change."""
     folder = _flashinfer_csrc() / GEMM_DIR
     gen_dir.mkdir(parents=True, exist_ok=True)
-    write_if_different(gen_dir / KERNEL_HEADER, trimmed_kernel_header((folder / KERNEL_HEADER).read_text()))
+    write_if_different(gen_dir / KERNEL_HEADER, _installed_trimmed_header())
     source = gen_dir / Path(GEMM_SOURCE).name
     write_if_different(source, (folder / Path(GEMM_SOURCE).name).read_text())
     return source
@@ -133,7 +141,7 @@ def unsupported() -> Optional[str]:
     if os.environ.get(DEEPGEMM_SWITCH) == "0":
         return f"{DEEPGEMM_SWITCH}=0 runs FlashInfer's non-DeepGEMM kernels"
     try:
-        trimmed_kernel_header((_flashinfer_csrc() / GEMM_DIR / KERNEL_HEADER).read_text())
+        _installed_trimmed_header()
     except (OSError, TrimmedBuildError) as e:
         return str(e)
     return None
@@ -150,6 +158,18 @@ def gemm_source_for(spec, name: str):
             why = str(e)
     logger.info("sglang_mxfp8: FlashInfer's %s compiles its full %s (%s)", spec.name, Path(GEMM_SOURCE).name, why)
     return spec
+
+
+@contextlib.contextmanager
+def generator_pointed_at(module, generator: str, spec):
+    """FlashInfer's module generator ``module.<generator>`` returning ``spec`` while the block runs: a cached FlashInfer
+    factory called inside (its ``__wrapped__``) then loads this package's module with FlashInfer's own set-up."""
+    original = getattr(module, generator)
+    setattr(module, generator, lambda use_fast_build=False: spec)
+    try:
+        yield
+    finally:
+        setattr(module, generator, original)
 
 
 def _runner_factory_takes_a_module() -> bool:
@@ -195,12 +215,8 @@ def dense_runner():
     spec = dense_spec()
     if spec.name != DENSE_MODULE:
         return gemm_base.get_fp8_blockscale_gemm_runner_sm90()
-    original = gemm_base.gen_fp8_blockscale_gemm_sm90_module
-    gemm_base.gen_fp8_blockscale_gemm_sm90_module = lambda use_fast_build=False: spec
-    try:
+    with generator_pointed_at(gemm_base, "gen_fp8_blockscale_gemm_sm90_module", spec):
         return gemm_base.get_fp8_blockscale_gemm_runner_sm90.__wrapped__()
-    finally:
-        gemm_base.gen_fp8_blockscale_gemm_sm90_module = original
 
 
 def blockscale_gemm(x, weight, weight_scale, out_dtype):

@@ -21,7 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from .flashinfer_blockscale_build import TrimmedBuildError, build_spec, gemm_source_for, write_if_different
+from .flashinfer_blockscale_build import (TrimmedBuildError, build_spec, gemm_source_for, generator_pointed_at,
+                                          write_if_different)
 
 logger = logging.getLogger(__name__)
 
@@ -191,12 +192,8 @@ def fused_moe_api():
     factory = core.get_cutlass_fused_moe_module.__wrapped__
     build()
     spec = block_scale_moe_spec()
-    original = core.gen_cutlass_fused_moe_sm90_module
-    core.gen_cutlass_fused_moe_sm90_module = lambda use_fast_build=False: spec
-    try:
+    with generator_pointed_at(core, "gen_cutlass_fused_moe_sm90_module", spec):
         return factory("90")
-    finally:
-        core.gen_cutlass_fused_moe_sm90_module = original
 
 
 def block_scale_moe(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, out=None,
