@@ -379,11 +379,22 @@ def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16(libraries, flag):
     assert plan.base.name == "triton_w8a8_moe" and 0.515 < ratio <= 0.55, ratio  # FP8 + scales alone: 0.5156x
 
 
-def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe(libraries):
+def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe(libraries, monkeypatch):
+    from sglang_mxfp8.ops import flashinfer_moe_sm90
+
     plan = moe(H200, "flashinfer_cutlass")
     assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"} and plan.base.up_proj_first
     assert not r.native("moe", H200, "flashinfer_cutlass")
     assert moe(H200, "auto").base.name == "triton_moe"  # auto: the measured Hopper list (FlashInfer's MoE slower)
+    # the model is built without waiting for the module's build (started at launch): its first call waits, after the
+    # weights are read and the dense kernels compiled
+    built = []
+    monkeypatch.setattr(flashinfer_moe_sm90, "build", lambda verbose=False: built.append(verbose))
+    layer = torch.nn.Module()
+    layer.w13_weight = torch.nn.Parameter(torch.empty(128, 2 * 768, 2048, dtype=torch.float8_e4m3fn, device="meta"),
+                                          False)
+    layer.w2_weight = torch.nn.Parameter(torch.empty(128, 2048, 768, dtype=torch.float8_e4m3fn, device="meta"), False)
+    assert {name for name, _ in plan.create_buffers(layer).tensors()} and built == []
 
 
 def test_every_kernel_is_named_once_and_disabling_knows_them():

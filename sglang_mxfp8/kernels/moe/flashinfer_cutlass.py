@@ -43,11 +43,13 @@ class FlashInferCutlassMxfp8MoE(MoEKernel):
 
 class FlashInferCutlassSm90MoE(BlockScaleExperts):
     """``cutlass_fused_moe`` in its DeepSeek FP8 block-scale mode on Hopper, from the trimmed JIT module
-    (ops/flashinfer_moe_sm90.py: the BF16 x FP8 runner alone, 14 sources instead of FlashInfer's 181), built into
-    FlashInfer's cache at the first load and reused after. Reads the same converted weights as the Triton MoE
-    (128x128 power-of-two block scales), w13 as [up; gate]; quantizes the activations per 1x128 group itself.
-    Runs where --moe-runner-backend flashinfer_cutlass asks for it, not under auto: on the H200 it measured
-    0.55-0.87x the speed of SGLang's Triton MoE (benchmarks/RESULTS.md)."""
+    (ops/flashinfer_moe_sm90.py: the BF16 x FP8 runner alone, 18 sources instead of FlashInfer's 181). The module is
+    built into FlashInfer's cache once and reused after: at launch, in the background, and waited for at its first
+    call (the load's precompile, else the first forward), so that the weights load and the other kernels compile
+    meanwhile. Reads the same converted weights as the Triton MoE (128x128 power-of-two block scales), w13 as
+    [up; gate]; quantizes the activations per 1x128 group itself. Runs where --moe-runner-backend flashinfer_cutlass
+    asks for it, not under auto: on the H200 it measured 0.55-0.87x the speed of SGLang's Triton MoE
+    (benchmarks/RESULTS.md)."""
 
     name = "flashinfer_cutlass_moe_sm90"
     title = "FlashInfer cutlass_fused_moe, DeepSeek FP8 block scales (trimmed SM90 build)"
@@ -62,10 +64,6 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
 
     def prebuild(self):
         flashinfer_moe_sm90.build()
-
-    def create_buffers(self, layer, spec, state):
-        flashinfer_moe_sm90.build()
-        super().create_buffers(layer, spec, state)
 
     def experts(self, layer, state, x, topk_weights, topk_ids):
         return flashinfer_moe_sm90.block_scale_moe(
