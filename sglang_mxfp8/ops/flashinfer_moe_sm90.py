@@ -5,9 +5,11 @@ FlashInfer's SM90 ``fused_moe_90`` module compiles every dtype pair its binding 
 ``CutlassMoeFCRunner<bf16, fp8_e4m3>``, whose GEMMs both go through ``CutlassFp8BlockScaleGemmRunner::moeGemm``
 (``fp8_blockscale_gemm.cu``, DeepGEMM kernels compiled with NVRTC on first use). :func:`block_scale_moe_spec` is
 FlashInfer's own SM90 JIT spec for the installed version (its sources from the wheel, nvcc flags for sm_90a, include
-paths, cache directory) reduced to that runner: 14 sources with FlashInfer 0.6.7, two of them derived from
-FlashInfer's: the binding with its constructor reduced to the BF16 x FP8 runner, and the explicit instantiation of
-that runner alone; its ``fp8_blockscale_gemm.cu`` is the DeepGEMM-only copy (ops/flashinfer_blockscale_build.py).
+paths, cache directory) reduced to that runner: 18 sources with FlashInfer 0.6.7, seven of them derived from
+FlashInfer's: the binding with its constructor reduced to the BF16 x FP8 runner; the explicit instantiation of that
+runner alone, with the expert-map sort kernels of its header split off into four sources that compile in parallel
+with it (:func:`split_expert_maps`); ``fp8_blockscale_gemm.cu``, the DeepGEMM-only copy
+(ops/flashinfer_blockscale_build.py).
 Python calls go through FlashInfer's own ``cutlass_fused_moe`` wrapper, handed this module instead of the full one.
 """
 
@@ -20,6 +22,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Dict, Tuple
 
 from .flashinfer_blockscale_build import (TrimmedBuildError, build_spec, gemm_source_for, generator_pointed_at,
                                           write_if_different)
@@ -37,7 +40,7 @@ _BF16_FP8_RUNNER = """    // sglang_mxfp8: the FP8 block-scale runner alone (bf1
     }
 """
 _INSTANTIATION = """// sglang_mxfp8: the one CutlassMoeFCRunner the FP8 block-scale binding constructs.
-#include "cutlass_fused_moe_kernels.cuh"
+#include "KERNELS_HEADER"
 #include "moe_kernels.h"
 
 namespace tensorrt_llm::kernels::cutlass_kernels {
@@ -47,6 +50,20 @@ INSTANTIATE_FINALIZE_MOE_ROUTING(__nv_bfloat16, __nv_bfloat16, __nv_bfloat16);
 """
 _BINDING = "fused_moe/cutlass_backend/flashinfer_cutlass_fused_moe_binding.cu"
 _INSTANTIATIONS = "fused_moe/cutlass_backend/cutlass_fused_moe_instantiation.cu"
+_KERNELS_HEADER = "fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh"  # included by _INSTANTIATIONS alone
+_SPLIT_HEADER = "fp8_block_scale_moe_kernels.cuh"
+_RUNNER_NAMESPACE = "namespace tensorrt_llm::kernels::cutlass_kernels {\n"
+_EXPERT_MAPS_START = ("template <int BLOCK_SIZE, int EXPERTS_PER_TOKEN, int LOG2_NUM_EXPERTS>\n"
+                      "__global__ void fusedBuildExpertMapsSortFirstTokenKernel(")
+_EXPERT_MAPS_DISPATCH = "bool fusedBuildExpertMapsSortFirstToken(\n"
+_PER_LOG2_SIGNATURE = re.compile(
+    r"template <int LOG2_NUM_EXPERTS>\nbool fusedBuildExpertMapsSortFirstTokenBlockSize(\([^)]*\)) \{")
+_PER_LOG2_TAKEN = re.compile(r"&fusedBuildExpertMapsSortFirstTokenBlockSize<(\d+)>")
+_EXPERT_MAPS_INCLUDES = ("#include <cub/cub.cuh>\n"
+                         '#include "tensorrt_llm/common/assert.h"\n'
+                         '#include "tensorrt_llm/common/cudaUtils.h"\n'
+                         '#include "tensorrt_llm/common/logger.h"\n')
+_ALONE = 3  # the largest radix widths each get a source of their own (see split_expert_maps)
 _MOE_GEMM_KERNELS = "moe_gemm_kernels_"  # one source per dtype pair: moe_gemm_kernels_bf16_fp8.cu is this runner's
 _RUNNER_DTYPES = "_bf16_fp8.cu"
 _LEFT_OUT_FLAGS = ("-DENABLE_FP4",)  # the FP4 runners and kernels are not compiled here
@@ -62,6 +79,61 @@ def trimmed_binding(binding_source: str) -> str:
             f"({_CONSTRUCTOR_START.strip()!r} ... {_CONSTRUCTOR_END.strip()!r})")
     trimmed = binding_source[:start] + _BF16_FP8_RUNNER + binding_source[end:]
     return re.sub(r'#include "\.\./\.\./tvm_ffi_utils\.h"', '#include "tvm_ffi_utils.h"', trimmed)
+
+
+def split_expert_maps(header: str) -> Tuple[str, Dict[str, str]]:
+    """FlashInfer's cutlass_fused_moe_kernels.cuh with its expert-map sort kernels compiled in sources of their own,
+    in parallel with the runner's: returns the header, with explicit instantiation declarations (``extern template``)
+    of ``fusedBuildExpertMapsSortFirstTokenBlockSize<LOG2_NUM_EXPERTS>`` for each radix width its dispatcher takes,
+    and the sources (by file name) that instantiate them from the header's own template code, which needs only CUB
+    and TensorRT-LLM's common headers.
+
+    That header defines non-template functions, so one source alone compiles it; its dispatcher instantiates the sort
+    kernel for every radix width, top-k and block size (180 kernels), 40% of that source's nvcc time on the
+    CPU machine (58.7 s; the header without them 35.9 s), the longest object of the module's build. The kernels'
+    cost grows with the radix width (widths 1-6 together 17.6 s, 7-9 together 29.2 s), so the three widest get a
+    source each and the others share one."""
+    start = header.find(_EXPERT_MAPS_START)
+    dispatch = header.find(_EXPERT_MAPS_DISPATCH, max(start, 0))
+    namespace = header.find(_RUNNER_NAMESPACE)
+    signature = _PER_LOG2_SIGNATURE.search(header, max(start, 0), max(dispatch, 0))
+    if not 0 <= namespace < start < dispatch or signature is None or header.count(_EXPERT_MAPS_DISPATCH) != 1:
+        raise TrimmedBuildError(
+            f"FlashInfer's {Path(_KERNELS_HEADER).name} has not the expert-map sort templates and their one dispatcher "
+            f"({_EXPERT_MAPS_START.splitlines()[1]!r} ... {_EXPERT_MAPS_DISPATCH.strip()!r}) this build splits off")
+    templates = header[start:dispatch]
+    for definition in templates.split("\n}\n"):  # each top-level definition, up to its closing brace at column 0
+        code = "\n".join(line for line in definition.splitlines() if line.strip() and not line.startswith("//"))
+        if code and not code.startswith("template <"):
+            raise TrimmedBuildError(
+                f"FlashInfer's {Path(_KERNELS_HEADER).name} defines a non-template function among its expert-map sort "
+                f"templates ({code.splitlines()[0][:80]!r}), which a second source cannot compile again")
+    body_end = header.find("\n}\n", dispatch)
+    widths = [int(w) for w in _PER_LOG2_TAKEN.findall(header, dispatch, body_end)]
+    if not widths or widths != sorted(set(widths)):
+        raise TrimmedBuildError(
+            f"FlashInfer's {Path(_KERNELS_HEADER).name}: its expert-map dispatcher takes no list of "
+            f"fusedBuildExpertMapsSortFirstTokenBlockSize<LOG2_NUM_EXPERTS> this build splits off")
+
+    def instantiation(width, extern):
+        return (f"{'extern ' if extern else ''}template bool fusedBuildExpertMapsSortFirstTokenBlockSize<{width}>"
+                f"{signature.group(1)};\n")
+
+    declarations = "".join(instantiation(w, extern=True) for w in widths)
+    split_header = (header[:dispatch] + "// sglang_mxfp8: instantiated in the fp8_block_scale_moe_expert_maps_*.cu "
+                    "sources\n" + declarations + "\n" + header[dispatch:])
+    usings = "".join(line + "\n" for line in header[:namespace].splitlines() if line.startswith("using namespace "))
+    groups = [widths[:-_ALONE]] + [[w] for w in widths[-_ALONE:]] if len(widths) > _ALONE else [widths]
+    sources = {}
+    for group in (g for g in groups if g):
+        named = f"{group[0]}" if len(group) == 1 else f"{group[0]}_to_{group[-1]}"
+        head = (f"// sglang_mxfp8: FlashInfer's expert-map sort kernels for radix width(s) {named.replace('_', ' ')}, "
+                f"from its {Path(_KERNELS_HEADER).name}\n")
+        sources[f"fp8_block_scale_moe_expert_maps_{named}.cu"] = (
+            head + _EXPERT_MAPS_INCLUDES + "\n" + _RUNNER_NAMESPACE + "}\n" + usings + "\n" + _RUNNER_NAMESPACE
+            + templates + "".join(instantiation(w, extern=False) for w in group)
+            + "}  // namespace tensorrt_llm::kernels::cutlass_kernels\n")
+    return split_header, sources
 
 
 def _flashinfer_core():
@@ -129,7 +201,17 @@ def block_scale_moe_spec():
     binding = gen_dir / "fp8_block_scale_moe_binding.cu"
     instantiation = gen_dir / "fp8_block_scale_moe_instantiation.cu"
     write_if_different(binding, trimmed_binding((csrc / _BINDING).read_text()))
-    write_if_different(instantiation, _INSTANTIATION)
+    try:
+        header, expert_maps = split_expert_maps((csrc / _KERNELS_HEADER).read_text())
+    except TrimmedBuildError as e:
+        logger.info("sglang_mxfp8: the fused MoE's runner source compiles its expert-map sort kernels too (%s)", e)
+        header_name, expert_maps = Path(_KERNELS_HEADER).name, {}
+    else:
+        header_name = _SPLIT_HEADER
+        write_if_different(gen_dir / _SPLIT_HEADER, header)
+    for name, text in expert_maps.items():
+        write_if_different(gen_dir / name, text)
+    write_if_different(instantiation, _INSTANTIATION.replace("KERNELS_HEADER", header_name))
     kept = [src for src in full.sources if _kept(src, csrc)]
     if not any(src.name.startswith(_MOE_GEMM_KERNELS) for src in kept):
         raise TrimmedBuildError(f"FlashInfer {_version()}'s SM90 fused MoE lists no {_MOE_GEMM_KERNELS}*{_RUNNER_DTYPES}; "
@@ -137,7 +219,7 @@ def block_scale_moe_spec():
     generated = Path(jit_env.FLASHINFER_GEN_SRC_DIR) / "cutlass_instantiations"
     includes = [d for d in full.extra_include_dirs or [] if not d.is_relative_to(generated)]
     spec = dataclasses.replace(
-        full, name=MODULE_NAME, sources=kept + [binding, instantiation],
+        full, name=MODULE_NAME, sources=kept + [binding, instantiation] + [gen_dir / name for name in expert_maps],
         extra_cuda_cflags=[f for f in full.extra_cuda_cflags if f not in _LEFT_OUT_FLAGS],
         extra_include_dirs=includes + [csrc / "fused_moe" / "cutlass_backend", csrc],
     )

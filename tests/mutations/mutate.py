@@ -88,6 +88,11 @@ MUTATIONS = [
      ["tests/test_flashinfer_moe_build.py"]),
     ("trimmed-binding-guard", "build", "ops/flashinfer_moe_sm90.py", "    if (use_deepseek_fp8_block_scale && mActivationDtype",
      "    if (mActivationDtype", ["tests/test_flashinfer_moe_build.py"]),
+    ("expert-maps-not-declared", "build", "ops/flashinfer_moe_sm90.py",
+     "    declarations = \"\".join(instantiation(w, extern=True) for w in widths)", "    declarations = \"\"",
+     ["tests/test_flashinfer_moe_build.py"]),
+    ("expert-maps-width-dropped", "build", "ops/flashinfer_moe_sm90.py", "    groups = [widths[:-_ALONE]] +",
+     "    groups = [widths[:-_ALONE - 1]] +", ["tests/test_flashinfer_moe_build.py"]),
     ("moe-module-waited-at-create", "build", "kernels/moe/flashinfer_cutlass.py",
      "    def prebuild(self):\n        flashinfer_moe_sm90.build()\n",
      "    def prebuild(self):\n        flashinfer_moe_sm90.build()\n\n    def create_buffers(self, layer, spec, state):\n"
