@@ -125,7 +125,7 @@ def split_expert_maps(header: str) -> Tuple[str, Dict[str, str]]:
     usings = "".join(line + "\n" for line in header[:namespace].splitlines() if line.startswith("using namespace "))
     groups = [widths[:-_ALONE]] + [[w] for w in widths[-_ALONE:]] if len(widths) > _ALONE else [widths]
     sources = {}
-    for group in (g for g in groups if g):
+    for group in groups:
         named = f"{group[0]}" if len(group) == 1 else f"{group[0]}_to_{group[-1]}"
         head = (f"// sglang_mxfp8: FlashInfer's expert-map sort kernels for radix width(s) {named.replace('_', ' ')}, "
                 f"from its {Path(_KERNELS_HEADER).name}\n")
@@ -184,8 +184,9 @@ def _kept(source: Path, csrc: Path) -> bool:
 def block_scale_moe_spec():
     """FlashInfer JitSpec of the trimmed SM90 fused MoE: FlashInfer's own SM90 spec (its flags, include paths, link
     flags, for the installed version and CUDA) with the sources and the FP4 define this runner does not need left
-    out and the two derived sources, written into FlashInfer's generated-source cache, added; the FP8 block-scale GEMM
-    source trimmed to its DeepGEMM path where it can be."""
+    out and the derived sources, written into FlashInfer's generated-source cache, added: the binding, the runner's
+    instantiation and its expert-map sort sources (:func:`split_expert_maps`); the FP8 block-scale GEMM source
+    trimmed to its DeepGEMM path where it can be."""
     import dataclasses
 
     from flashinfer.jit import env as jit_env
