@@ -4,16 +4,13 @@ and compiled with FlashInfer's own nvcc command where this machine has nvcc. The
 the GPU tests' (tests/gpu)."""
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_python
+from conftest import finish_ninja, ninja_objects, run_python, start_ninja
 from sglang_mxfp8.ops import flashinfer_blockscale_build as fb
 
 flashinfer_jit = pytest.importorskip("flashinfer.jit")
@@ -155,16 +152,8 @@ def test_trimmed_source_compiles_with_flashinfers_command_without_the_left_out_k
         p = run_python("from sglang_mxfp8.ops import flashinfer_blockscale_build as fb; fb.dense_spec().write_ninja()",
                        {"FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
         assert p.returncode == 0, p.stderr[-2000:]
-    target = next(line.split(": cuda_compile ")[0].removeprefix("build ") for line in ninja.read_text().splitlines()
-                  if line.startswith("build ") and line.endswith("/fp8_blockscale_gemm.cu"))
-    site = Path(flashinfer_jit.__file__).parents[2]
-    includes = [str(p) for p in site.glob("nvidia/*/include") if (p / "cublasLt.h").exists()]
-    ninja_bin = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
-    build = subprocess.run([ninja_bin, "-f", str(ninja), target], cwd=ninja.parent, capture_output=True, text=True,
-                           env=dict(os.environ, CPATH=":".join(includes)), timeout=600)
-    if "cublasLt.h: No such file" in build.stdout:
-        pytest.skip("needs CUDA's cublasLt.h (nvidia-cublas) on this machine")
-    assert build.returncode == 0, build.stdout[-3000:]
+    (target,) = ninja_objects(ninja, lambda source: source.endswith("/fp8_blockscale_gemm.cu"))
+    finish_ninja(start_ninja(ninja, [target]), timeout=600)
     kernels = Path(target).read_bytes()  # the host stubs register each kernel by its mangled name
     assert kernels.count(b"scale_1x128_kernel") > 0 and kernels.count(b"fill_kernel") > 0
     assert kernels.count(b"cooperative_1x128_by_128x128_fp8_gemm_kernel") == 0  # 323 in FlashInfer's full object
