@@ -58,6 +58,15 @@ def visible_gpu() -> Optional[GpuSpec]:
     return GpuSpec.from_capability(torch.cuda.get_device_name(dev), torch.cuda.get_device_capability(dev))
 
 
+def cuda_arch_list() -> str:
+    """``FLASHINFER_CUDA_ARCH_LIST`` naming what FlashInfer targets where it is unset (the capability of every visible
+    GPU), for a build process that sees no GPU: FlashInfer names its cache folder after it, so the modules it builds
+    are the ones a server on these GPUs loads."""
+    import torch
+
+    return " ".join(sorted({"%d.%d" % torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count())}))
+
+
 def multiprocessors(device=None) -> int:
     """Streaming multiprocessors of a CUDA device (default: the current one); DeepGEMM-style tile heuristics count
     waves in them."""

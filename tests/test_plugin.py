@@ -1,9 +1,11 @@
 """Activation inside stock SGLang: real ServerArgs, real ModelConfig, fresh interpreters (.pth hook)."""
 
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -222,71 +224,171 @@ def _tiny_moe_launch(tmp_path):
     return SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(mx))
 
 
-def test_launch_builds_each_planned_kernels_jit_module_once_in_the_background(tmp_path, monkeypatch, caplog):
-    """The launch plans an MXFP8 MoE checkpoint with FlashInfer's dense GEMM and the Triton MoE: FlashInfer's GEMM
-    module is built once, in a background thread of the launching process (not once per layer; the Triton MoE has no
-    JIT module); a build that fails is one warning, and the launch goes on."""
-    import logging
-    import threading
+def _failing_build_env(tmp_path, monkeypatch):
+    """FlashInfer's workspace set to a file: the build of a JIT module fails at once, in FlashInfer's own code."""
+    (tmp_path / "workspace-is-a-file").write_text("")
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "workspace-is-a-file"))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0")  # what cuda_arch_list() reads on an H100 or H200
+
+
+def test_launch_builds_each_planned_kernels_jit_module_once_in_a_process_of_its_own(tmp_path, monkeypatch, capfd):
+    """The launch plans an MXFP8 MoE checkpoint with FlashInfer's dense GEMM and the Triton MoE: one build process for
+    FlashInfer's GEMM module (the Triton MoE has none), started with no GPU visible, FlashInfer's target named and the
+    launcher's pid; the same plans again start nothing. A build that fails is one warning line and exit status 1 (the
+    server builds it when it loads the model); a kernel name the registry lacks is exit status 2."""
     from types import SimpleNamespace
 
-    from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
     from sglang_mxfp8.platform import GpuSpec
-    from sglang_mxfp8.sglang.plugin import start_prebuilds, validate_launch
+    from sglang_mxfp8.sglang import plugin
 
     args = _tiny_moe_launch(tmp_path)
-    plans = validate_launch(args, GpuSpec("NVIDIA H200", 90))
+    plans = plugin.validate_launch(args, GpuSpec("NVIDIA H200", 90))
     assert {plan.base.name for plan in plans} == {"flashinfer_sm90", "triton_moe"} and len(plans) >= 3
-    built = []
-    monkeypatch.setattr(FlashInferSm90, "prebuild", lambda self: built.append(threading.current_thread().name))
-    threads = start_prebuilds(plans)
-    for thread in threads:
-        thread.join(30)
-    assert built == ["sglang_mxfp8 build flashinfer_sm90"] and all(t.daemon for t in threads)
-    monkeypatch.setattr(FlashInferSm90, "prebuild", lambda self: 1 / 0)
-    with caplog.at_level(logging.WARNING, logger="sglang_mxfp8"):
-        for thread in start_prebuilds(plans):
-            thread.join(30)
-    assert "building flashinfer_sm90's JIT module at launch failed (ZeroDivisionError: division by zero); the server " \
-           "builds it when it loads the model" in caplog.text
-    assert validate_launch(SimpleNamespace(**{**vars(args), "model_path": str(tmp_path / "bf16")}),
-                           GpuSpec("NVIDIA H200", 90)) == []  # a BF16 checkpoint: nothing of ours to build
+    monkeypatch.setattr(plugin, "_BUILDING", {})
+    _failing_build_env(tmp_path, monkeypatch)
+    process = plugin.start_prebuilds(plans)
+    environ = set(Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0"))  # it is still importing torch
+    assert process.args == [sys.executable, "-m", "sglang_mxfp8.kernels.jit_builds", "flashinfer_sm90"]
+    assert {b"CUDA_VISIBLE_DEVICES=", b"FLASHINFER_CUDA_ARCH_LIST=9.0",
+            f"SGLANG_MXFP8_LAUNCHER={os.getpid()}".encode()} <= environ
+    assert plugin.start_prebuilds(plans) is None and plugin._BUILDING == {"flashinfer_sm90": process}
+    assert process.wait(120) == 1
+    assert "sglang_mxfp8: building flashinfer_sm90's JIT module at launch failed (" in capfd.readouterr().err
+    assert plugin.validate_launch(SimpleNamespace(**{**vars(args), "model_path": str(tmp_path / "bf16")}),
+                                  GpuSpec("NVIDIA H200", 90)) == []  # a BF16 checkpoint: nothing of ours to build
+    unknown = subprocess.run([sys.executable, "-m", "sglang_mxfp8.kernels.jit_builds", "no_such_kernel"],
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "no kernel named no_such_kernel in the registry" in unknown.stderr
 
 
-def test_background_builds_start_subprocesses_while_the_main_thread_sets_environment_variables(tmp_path, monkeypatch):
-    """FlashInfer's build runs nvcc and ninja from the build thread while SGLang's main thread still sets environment
-    variables; with CPython's vfork the child's execve can read the freed environment (EFAULT, "Bad address" on the
-    H100). After start_prebuilds, subprocess starts in the thread survive a main thread that keeps setting them."""
-    import os
+LAUNCHER = """
+import os, sys, time
+from types import SimpleNamespace
+from sglang_mxfp8.platform import GpuSpec
+from sglang_mxfp8.sglang.plugin import start_prebuilds, validate_launch
+args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=sys.argv[1])
+print(start_prebuilds(validate_launch(args, GpuSpec("NVIDIA H200", 90))).pid, flush=True)
+if sys.argv[2] == "exits":
+    os._exit(0)
+time.sleep(600)
+"""
 
-    from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
+
+def test_build_process_stops_with_its_launcher(tmp_path):
+    """A launcher killed (SIGKILL: nothing of it runs) while its build process compiles: the build process, ninja and
+    the compilers end within seconds, and nothing is built; so does one whose launcher exits before it has started.
+    The compiler is a stand-in that never finishes (the test is of the processes, and needs no CUDA toolkit)."""
+    import signal
+    import time
+
+    import psutil
+
+    mx = _tiny_moe_launch(tmp_path).model_path
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text('#!/bin/sh\n[ "$1" = --version ] && echo "Cuda compilation tools, release 12.9, '
+                                       'V12.9.86" && exit 0\nexec sleep 600\n')
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    env = dict(os.environ, FLASHINFER_WORKSPACE_BASE=str(tmp_path / "fi"), FLASHINFER_CUDA_ARCH_LIST="9.0",
+               CUDA_HOME=str(cuda), FLASHINFER_NVCC=str(cuda / "bin" / "nvcc"))
+    env.pop("SGLANG_MXFP8_LAUNCHER", None)
+    for launcher_does in ("waits", "exits"):
+        launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, mx, launcher_does], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)
+        child = psutil.Process(int(launcher.stdout.readline()))
+        tree = [child]
+        if launcher_does == "waits":
+            for _ in range(600):  # until its compilers run
+                tree = [child] + child.children(recursive=True)
+                if any(p.name() == "sleep" for p in tree):
+                    break
+                time.sleep(0.2)
+            assert {"ninja", "sleep"} <= {p.name() for p in tree}
+            os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+        gone, alive = psutil.wait_procs(tree, timeout=10)
+        if child.is_running():
+            alive = list({*alive, *child.children(recursive=True)})
+        for process in alive:  # the test fails below; leave nothing running
+            process.kill()
+        assert not alive, (launcher_does, alive)
+        assert "JIT module" not in launcher.stderr.read(), launcher_does  # neither ready nor failed: stopped
+        assert not list(tmp_path.glob("fi/**/*.so"))
+
+
+def test_launch_args_are_read_before_sglang_as_sglangs_parser_reads_them():
+    """The arguments the launch's builds depend on, read from the command line before SGLang is imported, equal what
+    the running SGLang's own parser reads (its defaults too); a command line whose arguments may come from a
+    config file, or which SGLang will refuse, is left to SGLang."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_mxfp8.sglang.plugin import LAUNCH_ARGS, launch_args_from_argv
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    older = {"tp_size": "tensor_parallel_size", "ep_size": "expert_parallel_size"}  # SGLang 0.5.10.post1's names
+    for argv in (["--model-path", "/m"],
+                 ["--model", "/m", "--tp", "2", "--ep", "4", "--quantization", "mxfp8"],
+                 ["--host", "0.0.0.0", "--model-path=/m", "--tp-size=4", "--expert-parallel-size", "2",
+                  "--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend=flashinfer_cutlass", "--port", "3"],
+                 ["--mem-fraction-static", "0.8", "--tensor-parallel-size", "8", "--ep-size", "8", "--model", "/m",
+                  "--moe-runner-backend", "triton", "--fp8-gemm-backend=triton"]):
+        ours, theirs = launch_args_from_argv(argv), parser.parse_args(argv)
+        for dest, _, _ in LAUNCH_ARGS:
+            assert getattr(ours, dest) == getattr(theirs, dest, getattr(theirs, older.get(dest, dest), None)), (argv, dest)
+    assert launch_args_from_argv(["--model-path", "/m", "--config", "c.yaml"]) is None
+    assert launch_args_from_argv(["--config=c.yaml"]) is None
+    assert launch_args_from_argv(["--model-path", "/m", "--tp-size", "two"]) is None
+    assert launch_args_from_argv(["--model-path"]) is None
+
+
+def test_launch_builds_start_before_sglang_parses_only_for_an_mxfp8_launch(tmp_path, monkeypatch):
+    """From the command line alone: a launch of an MXFP8 checkpoint on a Hopper GPU starts its build process and marks
+    the environment its children inherit, so none of them starts another; a BF16 checkpoint, a launch without a model
+    path, one with a config file or one that will be refused starts nothing. No GPU here: the test names an H200."""
+    from sglang_mxfp8 import platform
     from sglang_mxfp8.platform import GpuSpec
-    from sglang_mxfp8.sglang.plugin import start_prebuilds, validate_launch
+    from sglang_mxfp8.sglang import plugin
 
-    monkeypatch.setattr(subprocess, "_USE_VFORK", True, raising=False)  # restored after the test
-    failures, runs = [], []
+    mx = _tiny_moe_launch(tmp_path).model_path
+    _failing_build_env(tmp_path, monkeypatch)
+    monkeypatch.setattr(plugin, "_BUILDING", {})
+    monkeypatch.setattr(platform, "visible_gpu", lambda: GpuSpec("NVIDIA H200", 90))
+    monkeypatch.setenv("SGLANG_MXFP8_LAUNCHER", "")  # removed again after the test
+    flags = ["--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend", "triton"]
+    for argv in ([], flags, ["--model-path", str(tmp_path / "bf16")] + flags, ["--model-path", mx, "--config", "x.yaml"],
+                 ["--model-path", mx, "--fp8-gemm-backend", "flashinfer_cutlass"]):  # refused on Hopper
+        os.environ.pop("SGLANG_MXFP8_LAUNCHER", None)
+        monkeypatch.setattr(sys, "argv", ["launch_server.py"] + argv)
+        assert plugin.start_launch_builds() is None and plugin._BUILDING == {}, argv
+    os.environ.pop("SGLANG_MXFP8_LAUNCHER", None)
+    monkeypatch.setattr(sys, "argv", ["launch_server.py", "--model-path", mx] + flags)
+    process = plugin.start_launch_builds()
+    assert process.args[-1] == "flashinfer_sm90" and os.environ["SGLANG_MXFP8_LAUNCHER"] == str(os.getpid())
+    assert plugin.start_launch_builds() is None  # a child of the launcher, or the launcher again: nothing more
+    assert process.wait(120) == 1  # the workspace is a file: the build fails at once
 
-    def nvcc_like_build(self):
-        for _ in range(150):
-            try:
-                subprocess.run(["true"], check=True)
-                runs.append(1)
-            except OSError as e:
-                failures.append(e.errno)
 
-    monkeypatch.setattr(FlashInferSm90, "prebuild", nvcc_like_build)
-    names = [f"SGLANG_MXFP8_TEST_ENV_{i}" for i in range(64)]
-    for name in names:
-        monkeypatch.delenv(name, raising=False)  # each is removed again after the test
-    (thread,) = start_prebuilds(validate_launch(_tiny_moe_launch(tmp_path), GpuSpec("NVIDIA H200", 90)))
-    i = 0
-    while thread.is_alive():
-        os.environ[names[i % 64]] = "x" * (i % 97)
-        if i % 64 == 63:
-            for name in names:
-                os.environ.pop(name)
-        i += 1
-    assert failures == [] and len(runs) == 150 and i > 1000
+def test_launch_builds_run_before_sglangs_server_args_executes(tmp_path):
+    """In a fresh interpreter whose command line launches an MXFP8 checkpoint: the startup hook runs the early builds
+    before SGLang's server_args module executes (no GPU here: it marks the launcher and starts nothing), and not with
+    SGLANG_MXFP8_DISABLE=1."""
+    mx = _tiny_moe_launch(tmp_path).model_path
+    code = ("import os, sys\n"
+            "from sglang_mxfp8.sglang import plugin\n"
+            "marks = []\n"
+            "plugin.start_launch_builds = lambda: marks.append('sglang.srt.server_args' in sys.modules and\n"
+            "                                                  hasattr(sys.modules['sglang.srt.server_args'], 'ServerArgs'))\n"
+            "import sglang.srt.server_args\n"
+            "print('MARKS', marks)\n")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.pop("SGLANG_MXFP8_LAUNCHER", None)
+    for disable, expected in (("0", "MARKS [False]"), ("1", "MARKS []")):
+        p = subprocess.run([sys.executable, "-c", code, "--model-path", mx], capture_output=True, text=True,
+                           env=dict(env, SGLANG_MXFP8_DISABLE=disable), timeout=300, cwd="/")
+        assert p.returncode == 0 and expected in p.stdout, p.stderr[-2000:]
 
 
 def test_modelopt_mxfp8_described_only_by_hf_quant_config(tmp_path):

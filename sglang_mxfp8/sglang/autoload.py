@@ -21,6 +21,9 @@ WATCHED = {
     "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config": "patch_moe_configs",  # >= 0.5.11
     "sglang.srt.model_executor.model_runner": "patch_model_runner",
 }
+# Watched module -> the plugin function run before it executes. SGLang's launchers import server_args before they
+# parse the command line (``python -m sglang.launch_server`` first of all): the JIT builds start before its imports.
+BEFORE = {"sglang.srt.server_args": "start_launch_builds"}
 
 
 def disabled() -> bool:
@@ -33,9 +36,16 @@ def _run_patch(module_name: str) -> None:
     plugin.apply(WATCHED[module_name])
 
 
+def _run_before(module_name: str) -> None:
+    if module_name in BEFORE:
+        from sglang_mxfp8.sglang import plugin
+
+        getattr(plugin, BEFORE[module_name])()
+
+
 class _PatchingLoader:
-    """The watched module's own loader, with the patch run after the module executes (the import system needs only
-    create_module and exec_module of a loader)."""
+    """The watched module's own loader, with its BEFORE function run before the module executes and its patch after
+    (the import system needs only create_module and exec_module of a loader)."""
 
     def __init__(self, loader, name):
         self._loader = loader
@@ -45,6 +55,7 @@ class _PatchingLoader:
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        _run_before(self._name)
         self._loader.exec_module(module)
         _run_patch(self._name)
 

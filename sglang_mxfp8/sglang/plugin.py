@@ -14,6 +14,8 @@ Patches:
   "flashinfer_cutlass only for ModelOpt" assert does not apply to MXFP8; impossible flag/GPU
   combinations fail here with one line. Up to 0.5.17 it wraps ``ServerArgs._handle_moe_kernel_config``; from
   0.5.20 SGLang's own resolution hook for that step (``register_resolution_hook``).
+- before ``server_args`` executes (:func:`start_launch_builds`, not a patch): the launcher of an MXFP8 checkpoint
+  starts the JIT builds its plans need, in a process of their own, before SGLang's imports.
 - ``model_config.modelopt_mxfp8``: ModelOpt ``quant_algo: MXFP8`` is MXFP8, not per-tensor FP8.
 - ``quantization.mxfp8_config``: ``QUANTIZATION_METHODS["mxfp8"]`` -> :class:`Mxfp8Config`
   (minimum capability 90, our linear and MoE methods).
@@ -51,8 +53,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Dict, List, Optional
@@ -60,7 +60,8 @@ from typing import Callable, Dict, List, Optional
 from .. import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG, error_line
 from ..format import checkpoint
 from ..kernels import registry
-from ..kernels.base import Kernel, Mxfp8ConfigError, Plan, with_jit_modules
+from ..kernels.base import Mxfp8ConfigError, Plan, with_jit_modules
+from ..kernels.jit_builds import LAUNCHER_ENV
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -280,38 +281,81 @@ def validate_launch(args, gpu, settings=None) -> List[Plan]:
         raise Mxfp8LaunchError(str(e)) from None
 
 
-def start_prebuilds(plans: List[Plan]) -> List[threading.Thread]:
-    """Start, in background threads of the launching process, the CPU-only JIT builds of the planned base kernels
-    (FlashInfer modules compiled into its cache), so that they overlap SGLang's start-up and model load instead of
-    following them; the scheduler process loading the same module waits on FlashInfer's file lock for a build still
-    running.
+_BUILDING: Dict[str, subprocess.Popen] = {}  # kernel name -> the build process this launcher started for it
 
-    The builds run nvcc and ninja as subprocesses while SGLang's main thread still sets environment variables. CPython
-    starts subprocesses with vfork, whose child runs execve on the parent's memory: a variable set meanwhile frees
-    the environment the child passes, and the start fails with EFAULT ("OSError: [Errno 14] Bad address:
-    '/usr/local/cuda/bin/nvcc'", seen on an H100). So the launching process forks instead from here on, for its
-    subprocesses and the processes multiprocessing spawns (SGLang's scheduler and detokenizer: a few starts, each
-    a few milliseconds slower)."""
-    threads = []
-    kernels = with_jit_modules(plan.base for plan in plans)
-    if kernels and hasattr(subprocess, "_USE_VFORK"):
-        subprocess._USE_VFORK = False
-    for kernel in kernels:
-        thread = threading.Thread(target=_prebuild, args=(kernel,), name=f"sglang_mxfp8 build {kernel.name}", daemon=True)
-        thread.start()
-        threads.append(thread)
-    return threads
+# The server arguments a launch's builds depend on: SGLang's destination name, its option strings (0.5.10.post1 to
+# 0.5.23; tests/test_plugin.py compares with SGLang's own parser), and its default.
+LAUNCH_ARGS = (
+    ("model_path", ("--model-path", "--model"), None),
+    ("quantization", ("--quantization",), None),
+    ("fp8_gemm_runner_backend", ("--fp8-gemm-backend",), "auto"),
+    ("moe_runner_backend", ("--moe-runner-backend",), "auto"),
+    ("tp_size", ("--tp-size", "--tensor-parallel-size"), 1),
+    ("ep_size", ("--ep-size", "--expert-parallel-size", "--ep"), 1),
+)
 
 
-def _prebuild(kernel: Kernel) -> None:
-    start = time.monotonic()
+def launch_args_from_argv(argv: List[str]):
+    """The few server arguments that choose a launch's JIT builds, read from its command line as SGLang's parser
+    reads them, before SGLang is imported; None where they may come from elsewhere (``--config``) or cannot be read
+    (SGLang's own parse then starts the builds)."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # an option without its value, a size that is no number: SGLang says what is wrong
+            raise ValueError(message)
+
+    if any(arg == "--config" or arg.startswith("--config=") for arg in argv):
+        return None
+    parser = Parser(add_help=False)
+    for dest, flags, default in LAUNCH_ARGS:
+        parser.add_argument(*flags, dest=dest, default=default, type=int if isinstance(default, int) else str)
     try:
-        kernel.prebuild()
-    except Exception as e:  # noqa: BLE001 - the scheduler builds (and reports) it again when it loads the model
-        logger.warning("sglang_mxfp8: building %s's JIT module at launch failed (%s: %s); the server builds it when it "
-                       "loads the model", kernel.name, type(e).__name__, str(e)[:200])
-    else:
-        logger.info("sglang_mxfp8: %s's JIT module ready %.0f s after launch", kernel.name, time.monotonic() - start)
+        return parser.parse_known_args(argv)[0]
+    except ValueError:
+        return None
+
+
+def start_launch_builds() -> Optional[subprocess.Popen]:
+    """Before SGLang's server_args module executes in the launching process: start the JIT builds an MXFP8 launch on
+    this GPU will need, which :func:`moe_kernel_config` would start only after SGLang's imports and most of its
+    argument resolution (28 s after the process started, on a fresh H100 machine). Never fails the launch: a command
+    line this cannot read, or a launch that will be refused, is left to SGLang's parse and :func:`validate_launch`."""
+    if LAUNCHER_ENV in os.environ:  # SGLang's scheduler and other children see the launcher's command line too
+        return None
+    try:
+        args = launch_args_from_argv(sys.argv[1:])
+        if args is None or not args.model_path or not is_mxfp8_launch(args):
+            return None
+        os.environ[LAUNCHER_ENV] = str(os.getpid())
+        from ..platform import visible_gpu
+
+        gpu = visible_gpu()
+        return start_prebuilds(validate_launch(args, gpu)) if gpu is not None else None
+    except Mxfp8LaunchError:
+        return None
+    except Exception as e:  # noqa: BLE001 - the builds then start after SGLang's argument parsing, as without this
+        logger.warning("sglang_mxfp8: could not start the JIT builds before SGLang's imports (%s); they start after "
+                       "its argument parsing", error_line(e, 200))
+        return None
+
+
+def start_prebuilds(plans: List[Plan]) -> Optional[subprocess.Popen]:
+    """Start the CPU-only JIT builds of the planned base kernels (FlashInfer modules compiled into its cache) in a
+    process of their own (:mod:`sglang_mxfp8.kernels.jit_builds`), so that they overlap SGLang's start-up and model
+    load instead of following them; kernels this launcher already started are left to that process. The scheduler
+    process loading a module still being built waits on FlashInfer's file lock for it."""
+    from ..platform import cuda_arch_list
+
+    names = [k.name for k in with_jit_modules(plan.base for plan in plans) if k.name not in _BUILDING]
+    if not names:
+        return None
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **{LAUNCHER_ENV: str(os.getpid())})
+    env.setdefault("FLASHINFER_CUDA_ARCH_LIST", cuda_arch_list())
+    process = subprocess.Popen([sys.executable, "-m", "sglang_mxfp8.kernels.jit_builds", *names], env=env,
+                               start_new_session=True)
+    _BUILDING.update(dict.fromkeys(names, process))
+    return process
 
 
 def _keeps_our_moe_backend(args, gpu) -> bool:
