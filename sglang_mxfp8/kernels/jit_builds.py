@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Dict, List
+from typing import List
 
 from .. import error_line
 
@@ -55,16 +55,16 @@ def build_all(names: List[str]) -> int:
         return 2
     logger.info("sglang_mxfp8: building the JIT modules of %s while SGLang starts (process %d; the server waits for "
                 "one still building where it needs it)", ", ".join(names), os.getpid())
-    failed: Dict[str, str] = {}
+    failed: List[str] = []
 
     def build(name: str) -> None:
         start = time.monotonic()
         try:
             kernels[name].prebuild()
         except Exception as e:  # noqa: BLE001 - one line; the scheduler builds (and reports) it again at load
-            failed[name] = error_line(e, 200)
+            failed.append(name)
             logger.warning("sglang_mxfp8: building %s's JIT module at launch failed (%s); the server builds it when "
-                           "it loads the model", name, failed[name])
+                           "it loads the model", name, error_line(e, 200))
         else:
             logger.info("sglang_mxfp8: %s's JIT module ready in %.0f s (built beside the launcher)", name,
                         time.monotonic() - start)
