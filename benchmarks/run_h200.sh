@@ -284,11 +284,17 @@ startup)
   # on the same machine (all in one would pass 10 minutes): STARTUP_ARGS="--compile-jobs-zero --build-first
   # --extras-only", MXFP8 with FlashInfer compiling its GEMM kernels alone and MXFP8 on caches filled by sglang-mxfp8
   # build; STARTUP_MODEL=e2e: the Qwen3-30B-A3B-shaped model e2e-prep wrote; STARTUP_MX_FLAGS: the MXFP8 server's
-  # backend flags instead, e.g. "--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass"
+  # backend flags instead, e.g. "--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass";
+  # STARTUP_ARGS=--mx-restart-only: the MXFP8 restart a command whose time ran out left to do
   if [ "${STARTUP_MODEL:-tiny}" = e2e ]; then B=/tmp/e2e/bf16 M=/tmp/e2e/mxfp8; else tiny_checkpoints; B=/tmp/tm_bf16 M=/tmp/tm_mx; fi
   timeout "${STARTUP_TIMEOUT:-585}" python3 benchmarks/startup/bench_server_start.py --out "$OUT" --bf16 $B --mx $M \
     --label "${STARTUP_MODEL:-tiny}" ${STARTUP_MX_FLAGS:+--mx-flags "$STARTUP_MX_FLAGS"} ${STARTUP_ARGS:-} 2>&1 |
     grep "^|\|Error\|error"
+  # MOE_TESTS=1: then the FlashInfer fused MoE's GPU tests on the module the MXFP8 start built (its cache folder)
+  if [ "${MOE_TESTS:-0}" = 1 ]; then
+    FLASHINFER_WORKSPACE_BASE=/tmp/start_caches/${STARTUP_MODEL:-tiny}/mx/flashinfer \
+      python3 -m pytest -q -rf tests/gpu/test_flashinfer_moe_sm90.py -k "not precompile" 2>&1 | tail -4
+  fi
   ;;
 e2e-prep)
   # /tmp outlives the repo folder while the machine stays warm: the next e2e command reuses these checkpoints

@@ -4,7 +4,7 @@ empty compile caches (a fresh machine) and again on the caches that start left (
 Each cache set is its own folder for FlashInfer's JIT modules (FLASHINFER_WORKSPACE_BASE), FlashInfer's DeepGEMM
 kernels (TRTLLM_DG_CACHE_DIR), DeepGEMM's (DG_JIT_CACHE_DIR), Triton's (TRITON_CACHE_DIR) and TorchInductor's
 (TORCHINDUCTOR_CACHE_DIR). Runs, in order: BF16 fresh, BF16 restart, MXFP8 fresh, MXFP8 restart (--skip-bf16: the
-last two alone); with --compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone
+last two alone; --mx-restart-only: the last alone, on what an earlier command's MXFP8 fresh start left); with --compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone
 (SGLANG_MXFP8_COMPILE_JOBS=0); with --build-first MXFP8 on empty caches that ``sglang-mxfp8 build`` then filled (an
 image built with it; its own time in the notes column); --extras-only: those two alone.
 Python's imports are warmed once first, so that the first run does not pay for a cold page cache alone.
@@ -64,6 +64,9 @@ def main():
     ap.add_argument("--build-first", action="store_true")
     ap.add_argument("--skip-bf16", action="store_true",
                     help="MXFP8 fresh and restart alone (BF16's measured by an earlier command on the same machine)")
+    ap.add_argument("--mx-restart-only", action="store_true",
+                    help="MXFP8 restart alone, on the caches an earlier command's MXFP8 fresh start left on the same "
+                         "machine (when that command's time ran out before it)")
     ap.add_argument("--extras-only", action="store_true",
                     help="only the runs --compile-jobs-zero and --build-first add (the four base runs measured by an "
                          "earlier command on the same machine; all in one passes 10 minutes)")
@@ -79,6 +82,8 @@ def main():
             ("MXFP8", "fresh", args.mx, args.mx_flags, {}), ("MXFP8", "restart", args.mx, args.mx_flags, {})]
     if args.skip_bf16:
         runs = runs[2:]
+    if args.mx_restart_only:
+        runs = runs[3:]
     if args.extras_only:
         runs = []
     if args.compile_jobs_zero:
@@ -86,7 +91,8 @@ def main():
                      {"SGLANG_MXFP8_COMPILE_JOBS": "0"}))
     if args.build_first:
         runs.append(("MXFP8 after sglang-mxfp8 build", "fresh, then built", args.mx, args.mx_flags, {}))
-    part = "_extras" if args.extras_only else "_mx" if args.skip_bf16 else ""
+    part = ("_extras" if args.extras_only else "_mx_restart" if args.mx_restart_only
+            else "_mx" if args.skip_bf16 else "")
     table = out / f"startup_{args.label}{part}.md"
     lines = [f"{args.label}: start to /health_generate (s), stock launcher, flags {args.flags or '(base)'}", "",
              "| server | caches | start s | the plugin's compile lines |", "|---|---|---|---|"]
