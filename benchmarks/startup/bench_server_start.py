@@ -4,9 +4,11 @@ empty compile caches (a fresh machine) and again on the caches that start left (
 Each cache set is its own folder for FlashInfer's JIT modules (FLASHINFER_WORKSPACE_BASE), FlashInfer's DeepGEMM
 kernels (TRTLLM_DG_CACHE_DIR), DeepGEMM's (DG_JIT_CACHE_DIR), Triton's (TRITON_CACHE_DIR) and TorchInductor's
 (TORCHINDUCTOR_CACHE_DIR). Runs, in order: BF16 fresh, BF16 restart, MXFP8 fresh, MXFP8 restart (--skip-bf16: the
-last two alone; --mx-restart-only: the last alone, on what an earlier command's MXFP8 fresh start left); with --compile-jobs-zero MXFP8 fresh with FlashInfer compiling its GEMM kernels alone
-(SGLANG_MXFP8_COMPILE_JOBS=0); with --build-first MXFP8 on empty caches that ``sglang-mxfp8 build`` then filled (an
-image built with it; its own time in the notes column); --extras-only: those two alone.
+last two alone; --mx-restart-only: the last alone, on what an earlier command's MXFP8 fresh start left; --fresh-first:
+both fresh starts before the restarts, for a command short of time); with --compile-jobs-zero MXFP8 fresh with
+FlashInfer compiling its GEMM kernels alone (SGLANG_MXFP8_COMPILE_JOBS=0); with --build-first MXFP8 on empty caches
+that ``sglang-mxfp8 build`` then filled (an image built with it; its own time in the notes column); --extras-only:
+those two alone.
 Python's imports are warmed once first, so that the first run does not pay for a cold page cache alone.
 
     python benchmarks/startup/bench_server_start.py --out OUT --bf16 CKPT_BF16 --mx CKPT_MX \
@@ -67,6 +69,8 @@ def main():
     ap.add_argument("--mx-restart-only", action="store_true",
                     help="MXFP8 restart alone, on the caches an earlier command's MXFP8 fresh start left on the same "
                          "machine (when that command's time ran out before it)")
+    ap.add_argument("--fresh-first", action="store_true",
+                    help="BF16 fresh, MXFP8 fresh, then the two restarts (a command short of time gets the fresh pair)")
     ap.add_argument("--extras-only", action="store_true",
                     help="only the runs --compile-jobs-zero and --build-first add (the four base runs measured by an "
                          "earlier command on the same machine; all in one passes 10 minutes)")
@@ -80,6 +84,8 @@ def main():
     root = Path(args.cache_root) / args.label
     runs = [("BF16", "fresh", args.bf16, "", {}), ("BF16", "restart", args.bf16, "", {}),
             ("MXFP8", "fresh", args.mx, args.mx_flags, {}), ("MXFP8", "restart", args.mx, args.mx_flags, {})]
+    if args.fresh_first:
+        runs = [runs[0], runs[2], runs[1], runs[3]]
     if args.skip_bf16:
         runs = runs[2:]
     if args.mx_restart_only:
