@@ -287,12 +287,14 @@ startup)
   # backend flags instead, e.g. "--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass";
   # STARTUP_ARGS=--mx-restart-only: the MXFP8 restart a command whose time ran out left to do
   if [ "${STARTUP_MODEL:-tiny}" = e2e ]; then B=/tmp/e2e/bf16 M=/tmp/e2e/mxfp8; else tiny_checkpoints; B=/tmp/tm_bf16 M=/tmp/tm_mx; fi
+  CACHES=/tmp/start_caches/${STARTUP_MODEL:-tiny}
   timeout "${STARTUP_TIMEOUT:-585}" python3 benchmarks/startup/bench_server_start.py --out "$OUT" --bf16 $B --mx $M \
-    --label "${STARTUP_MODEL:-tiny}" ${STARTUP_MX_FLAGS:+--mx-flags "$STARTUP_MX_FLAGS"} ${STARTUP_ARGS:-} 2>&1 |
+    --label "${STARTUP_MODEL:-tiny}" --cache-root "$(dirname "$CACHES")" ${STARTUP_MX_FLAGS:+--mx-flags "$STARTUP_MX_FLAGS"} \
+    ${STARTUP_ARGS:-} 2>&1 |
     grep "^|\|Error\|error"
   # MOE_TESTS=1: then the FlashInfer fused MoE's GPU tests on the module the MXFP8 start built (its cache folder)
   if [ "${MOE_TESTS:-0}" = 1 ]; then
-    FLASHINFER_WORKSPACE_BASE=/tmp/start_caches/${STARTUP_MODEL:-tiny}/mx/flashinfer \
+    FLASHINFER_WORKSPACE_BASE=$CACHES/mx/flashinfer \
       python3 -m pytest -q -rf tests/gpu/test_flashinfer_moe_sm90.py -k "not precompile" 2>&1 | tail -4
   fi
   ;;

@@ -85,11 +85,11 @@ def main():
     runs = [("BF16", "fresh", args.bf16, "", {}), ("BF16", "restart", args.bf16, "", {}),
             ("MXFP8", "fresh", args.mx, args.mx_flags, {}), ("MXFP8", "restart", args.mx, args.mx_flags, {})]
     if args.fresh_first:
-        runs = [runs[0], runs[2], runs[1], runs[3]]
+        runs.sort(key=lambda run: run[1] == "restart")
     if args.skip_bf16:
-        runs = runs[2:]
+        runs = [run for run in runs if run[0] == "MXFP8"]
     if args.mx_restart_only:
-        runs = runs[3:]
+        runs = [run for run in runs if run[:2] == ("MXFP8", "restart")]
     if args.extras_only:
         runs = []
     if args.compile_jobs_zero:
