@@ -6,7 +6,7 @@ sweeps rewarded are asserted on the machine code of the shipped configs: the FP8
 16-byte loads, and a thread issues all of a loop step's weight loads before the step's first multiply. (The
 kernel before commit 53d0ae0 read its weights 4 bytes at a time and ran 1.1-1.5x slower on the H200; this
 test fails on it.)
-Speed itself is measured by benchmarks/kernels/sweep_triton.py on the GPU.
+Speed itself is measured on the GPU (sglang-mxfp8 bench layers).
 """
 
 import os
@@ -75,7 +75,8 @@ def test_dense_gemv_issues_its_weight_loads_16_bytes_wide_before_any_multiply(n,
 def test_moe_gemv_launches_issue_their_weight_loads_16_bytes_wide_before_any_multiply():
     up, down = th.MOE_GEMV_UP_CONFIG, th.MOE_GEMV_DOWN_CONFIG
     for kernel, constants, cfg, rows in (
-            (th._moe_gemv_up_kernel, {}, up, 2 * up["BLOCK_N"]),  # a gate and an up row per output
+            (th._moe_gemv_up_kernel, dict(UP_FIRST=0), up, 2 * up["BLOCK_N"]),  # a gate and an up row per output
+            (th._moe_gemv_up_kernel, dict(UP_FIRST=1), up, 2 * up["BLOCK_N"]),  # w13 as [up; gate]
             (th._moe_gemv_down_kernel, dict(SLOTS=8), down, 8 * down["BLOCK_N"])):  # rows of 8 experts
         order = load_order(sm90_sass(kernel, constants, cfg))
         need = weight_bytes_per_thread(rows, cfg["GROUPS"], cfg["num_warps"]) // 16

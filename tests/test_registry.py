@@ -329,10 +329,8 @@ def test_no_plan_takes_an_opt_in_kernel_unless_the_setting_names_it(libraries, g
     opt_in = set(r.opt_in_kernels(gpu))
     taken = set()
     for settings in (DEFAULT, OPTED_IN):
-        for kind, (table, _, _) in r.TABLES.items():
-            for arch, flag in table:
-                if arch != gpu.arch:
-                    continue
+        for kind, table in r.REGISTRY[gpu.arch].items():
+            for flag in table.bases:
                 for hidden, inter in SHAPES:
                     try:
                         plan = moe(gpu, flag, hidden, inter, settings=settings) if kind == "moe" else \
@@ -379,10 +377,35 @@ def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16(libraries, flag):
     assert plan.base.name == "triton_w8a8_moe" and 0.515 < ratio <= 0.55, ratio  # FP8 + scales alone: 0.5156x
 
 
+@pytest.mark.parametrize("deep_gemm,disabled,bands", [
+    (False, "", {"1 token": "moe_gemv", "2+ tokens": "triton_w8a8_moe", "other batches": "flashinfer_cutlass_moe_sm90"}),
+    (True, "", {"1 token": "moe_gemv", "1024+ tokens": "deepgemm_moe", "2+ tokens": "triton_w8a8_moe",
+                "other batches": "flashinfer_cutlass_moe_sm90"}),
+    (True, "moe_gemv,triton_w8a8_moe,deepgemm_moe", {"other batches": "flashinfer_cutlass_moe_sm90"}),  # pure FlashInfer
+])
+def test_flashinfer_cutlass_on_hopper_takes_the_measured_bands_beside_flashinfers_moe(libraries, deep_gemm, disabled,
+                                                                                      bands):
+    """FlashInfer's fused MoE stays the base (its [up; gate] w13 order is the layer's); the band kernels that read
+    that order take the batches where they measured faster; SGLang's CUTLASS grouped MoE, which reads [gate; up] only,
+    is passed over with that reason; SGLANG_MXFP8_DISABLED_KERNELS gives the pure FlashInfer path."""
+    libraries(deep_gemm)
+    plan = moe(H200, "flashinfer_cutlass", settings=Settings.from_env({"SGLANG_MXFP8_DISABLED_KERNELS": disabled}))
+    assert plan.bands() == bands and plan.base.up_proj_first
+    assert [m for m in (1, 2, 1023, 1024, 8192) if plan.kernel_for(m) is r.FLASHINFER_CUTLASS_SM90_MOE] == (
+        [] if not disabled else [1, 2, 1023, 1024, 8192])
+    if not disabled:
+        assert dict((e.kernel.name, why) for e, why in plan.skipped)["cutlass_moe"] == (
+            "its batches go to deepgemm_moe" if deep_gemm else
+            "reads w13 as [gate; up]; flashinfer_cutlass_moe_sm90 loads it as [up; gate]")
+        assert [e.kernel.name for e, lo, hi in plan.ranges(8192)][-1] != "flashinfer_cutlass_moe_sm90"  # never runs
+    # under auto the masked MoE is no band: its entry sits beside FlashInfer's MoE only
+    assert "triton_w8a8_moe" not in moe(H200, "auto").bands().values()
+
+
 def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe(libraries, monkeypatch):
     from sglang_mxfp8.ops import flashinfer_moe_sm90
 
-    plan = moe(H200, "flashinfer_cutlass")
+    plan = moe(H200, "flashinfer_cutlass", settings=Settings(disabled_kernels=frozenset({"moe_gemv", "triton_w8a8_moe"})))
     assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"} and plan.base.up_proj_first
     assert not r.native("moe", H200, "flashinfer_cutlass")
     assert moe(H200, "auto").base.name == "triton_moe"  # auto: the measured Hopper list (FlashInfer's MoE slower)
@@ -461,7 +484,7 @@ def test_a_deep_gemm_build_without_the_apis_is_refused(monkeypatch):
     old.get_mk_alignment_for_contiguous_layout = lambda: 128
     monkeypatch.setitem(sys.modules, "deep_gemm", old)
     assert platform.deep_gemm_missing("fp8_gemm_nt") == "deep_gemm 0.0.1 has no fp8_gemm_nt"
-    deepgemm_moe = next(e.kernel for e in r.HOPPER_MOE if e.kernel.name == "deepgemm_moe")
+    deepgemm_moe = r.DEEPGEMM_MOE
     assert deepgemm_moe.missing(H200) == (
         "deep_gemm 0.0.1 has no m_grouped_fp8_gemm_nt_contiguous with use_psum_layout")
     old.m_grouped_fp8_gemm_nt_contiguous.__doc__ = "use_psum_layout: ..."  # a source build's binding

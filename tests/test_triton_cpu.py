@@ -4,7 +4,7 @@ Checks tiles, masks (M, N, K tails; K a multiple of 32 but not of 128), scale ha
 against float32/float64 references, for the W8A8 GEMM with its quantizer and the weight-only dense
 and MoE kernels. The interpreter's float->e4m3 cast does not round like the GPU's (cvt.rn.satfinite),
 so the quantizer is checked here for its scales only; its rounding, speed and the FP8 tensor-core
-path are tested on the H200 (tests/gpu, benchmarks/).
+path are tested on the H200 (tests/gpu, sglang-mxfp8 bench layers).
 """
 
 from conftest import run_python
@@ -166,6 +166,8 @@ gemm_worst = moe_worst = 0.0
 # and w2's H rows, 128x128 scale blocks cut short at both ends
 for e_count, h, inter, top_k, m in [(4, 96, 96, 2, 5), (4, 576, 160, 3, 17), (8, 288, 224, 2, 40)]:
     w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h) * torch.logspace(-3, 0, h))
+    # the same experts with w13 as [up; gate] (FlashInfer's order), taken before the conversion rewrites w13 in place
+    w13s, s13s = torch.cat([w13[:, inter:], w13[:, :inter]], 1), torch.cat([s13[:, inter:], s13[:, :inter]], 1)
     w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter) * 0.05)
     c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13.refresh(w13, s13)
     c2 = BlockScaleConverter(e_count, h, inter, 128, "cpu", "w2"); c2.refresh(w2, s2)
@@ -199,6 +201,21 @@ for e_count, h, inter, top_k, m in [(4, 96, 96, 2, 5), (4, 576, 160, 3, 17), (8,
         err = ((out.double() - ref).norm() / ref.norm()).item()
         assert err == err, (e_count, h, inter, m)  # NaN would slip through max()
         moe_worst = max(moe_worst, err)
+    # w13 as [up; gate], converted on its own: the same MoE, each half read where it lies
+    c13s = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13s.refresh(w13s, s13s)
+    d13s = [dequantize_block_fp8(w13s[e], c13s.block_scale[e], 128).double() for e in range(e_count)]
+    out = th.moe_w8a8(x, w13s, c13s.block_scale, w2, c2.block_scale, tw, ids, cfg, align, silu_and_mul, up_first=True)
+    ref = torch.zeros(m, h, dtype=torch.float64)
+    for t in range(m):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            up_gate = (d13s[e] @ xq[t]).float()
+            gate_up = torch.cat([up_gate[inter:], up_gate[:inter]])
+            act = deq_act(th.quantize_act_1x128(silu_and_mul(gate_up[None])))[0]
+            ref[t] += tw[t, j].double() * (d2[e] @ act)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err == err, (e_count, h, inter, m, "up first")
+    moe_worst = max(moe_worst, err)
 print(f"{gemm_worst:.8f} {moe_worst:.6f}")
 """
 
@@ -235,8 +252,11 @@ for n, k in [(64, 128), (200, 352), (130, 256), (96, 96), (300, 544)]:  # N and 
                 err = ((out.double() - ref).norm() / ref.norm()).item()
                 assert out.shape == (1, n) and err == err, (n, k, rows)  # NaN would slip through max()
                 worst = max(worst, err)
+swapped_equal = []
 for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 288, 96, 3)]:  # H, I, 2I tails
     w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h) * 0.05)
+    # the same experts with w13 as [up; gate] (FlashInfer's order), taken before the conversion rewrites w13 in place
+    w13s, s13s = torch.cat([w13[:, inter:], w13[:, :inter]], 1), torch.cat([s13[:, inter:], s13[:, :inter]], 1)
     w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter) * 0.05)
     c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13.refresh(w13, s13)
     c2 = BlockScaleConverter(e_count, h, inter, 128, "cpu", "w2"); c2.refresh(w2, s2)
@@ -256,6 +276,19 @@ for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 288, 96
         err = ((out[0].double() - ref).norm() / ref.norm()).item()
         assert out.shape == (1, h) and err == err, (e_count, h, inter)
         worst = max(worst, err)
+    # w13 as [up; gate], converted on its own: each half read where it lies
+    c13s = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13s.refresh(w13s, s13s)
+    swapped = th._moe_gemv(x, w13s, c13s.block_scale, w2, c2.block_scale, tw, ids, None, None, up_first=True)
+    ref_s = 0
+    for j in range(top_k):
+        e = int(ids[0, j])
+        up_gate = dequantize_block_fp8(w13s[e], c13s.block_scale[e], 128).double() @ x[0].double()
+        down = dequantize_block_fp8(w2[e], c2.block_scale[e], 128).double()
+        ref_s = ref_s + tw[0, j] * (down @ (F.silu(up_gate[inter:]) * up_gate[:inter]))
+    worst = max(worst, ((swapped[0].double() - ref_s).norm() / ref_s.norm()).item())
+    if inter % 128 == 0:  # 128-row blocks that hold one half each convert alike in either order: the same bits
+        swapped_equal.append(torch.equal(swapped, th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids,
+                                                               None, None)))
     dropped = ids.clone()
     dropped[0, -1] = -1  # an expert id < 0 (not on this rank) adds nothing
     out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, dropped, None, None)
@@ -269,14 +302,16 @@ for bad in (torch.randn(1, 64).half(), torch.randn(2, 64).bfloat16()):
             assert "one bfloat16 token" in str(e)
         else:
             raise AssertionError(f"{bad.dtype} {tuple(bad.shape)} accepted")
-print(f"{worst:.8f}")
+print(swapped_equal == [True], f"{worst:.8f}")
 """
 
 
 def test_interpreted_gemv_kernels_match_float64_reference():
     p = run_python(GEMV, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert float(p.stdout.split()[-1]) < 1e-5  # exact weights, fp32 operands and accumulation
+    equal, worst = p.stdout.split()[-2:]
+    assert equal == "True"  # w13 as [up; gate] gives the bits of [gate; up] where its blocks convert alike
+    assert float(worst) < 1e-5  # exact weights, fp32 operands and accumulation
 
 
 GROUPED_GLUE = r"""
@@ -327,6 +362,9 @@ assert seg_end.tolist() == [128, 128, 256, 384] and end.tolist() == [20, 128, 16
 h = torch.randn(384 + 16, 2 * inter).to(torch.bfloat16)
 a, a_s = th.silu_mul_quant(h, seg_end, end)
 assert a_s.stride() == (1, 400)
+a_up, a_s_up = th.silu_mul_quant(torch.cat([h[:, inter:], h[:, :inter]], 1), seg_end, end, up_first=True)
+for lo, hi in [(0, 20), (128, 165), (256, 384)]:  # [up | gate] in: the same bits on the rows that hold a slot
+    assert torch.equal(a_up[lo:hi].view(torch.uint8), a[lo:hi].view(torch.uint8)) and torch.equal(a_s_up[lo:hi], a_s[lo:hi])
 act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16).float()
 for lo, hi in [(0, 20), (128, 165), (256, 384)]:
     assert torch.allclose(a_s[lo:hi], quantize_activation_1x128(act[lo:hi])[1], rtol=1e-2, atol=0), (lo, hi)
@@ -365,7 +403,8 @@ moe = {"sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "padded_ptr": "*i32",
 for m, top_k, experts in ((4, 8, 128), (4096, 8, 128)):  # both tile configs the masked MoE picks
     cfg = th.moe_w8a8_config(m, top_k, experts)
     tiles = {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
-    for gemm in (dict(A_ROW_DIV=top_k, MUL_ROUTED_WEIGHT=False), dict(A_ROW_DIV=1, MUL_ROUTED_WEIGHT=True)):
+    for gemm in (dict(A_ROW_DIV=top_k, MUL_ROUTED_WEIGHT=False, SWAP_HALVES=True),
+                 dict(A_ROW_DIV=1, MUL_ROUTED_WEIGHT=True, SWAP_HALVES=False)):
         c = compile_sm90(th._moe_w8a8_kernel, {**moe, "a_ptr": "*fp8e4nv", "sa_ptr": "*fp32"},
                          {**gemm, **tiles, "BLOCK_K": th.GROUP_K},
                          {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})

@@ -43,7 +43,7 @@ def build(args) -> int:
     with contextlib.nullcontext() if here == gpu else as_on_a_server():
         try:
             plans = _plans(args, gpu)
-            kernels = [entry.kernel for plan in plans for entry in plan.entries] if args.model else [
+            kernels = [e.kernel for plan in plans for e, _, _ in plan.ranges(args.max_tokens)] if args.model else [
                 k for kind, flag in (("linear", args.fp8_gemm_backend), ("moe", args.moe_runner_backend))
                 for k in registry.flag_kernels(kind, gpu, flag)]
         except Mxfp8ConfigError as e:

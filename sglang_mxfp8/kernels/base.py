@@ -18,11 +18,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from ..flags import DENSE_FLAG, MOE_FLAG  # noqa: F401 - the kernels' error lines name them
 from ..platform import GpuSpec
 from ..settings import DISABLED_KERNELS_ENV, Settings
 
@@ -30,8 +32,6 @@ logger = logging.getLogger("sglang_mxfp8")
 
 Check = Tuple[bool, str]
 OK: Check = (True, "")
-DENSE_FLAG = "--fp8-gemm-backend"
-MOE_FLAG = "--moe-runner-backend"
 
 
 class Mxfp8ConfigError(ValueError):
@@ -99,7 +99,10 @@ class LayerState:
                         yield f"{name}.{inner}", t
 
 
-class Kernel:
+class Kernel(ABC):
+    """One MXFP8 kernel. Subclasses must say which layers they can run (:meth:`can_implement`) and run them
+    (:meth:`apply`); the rest has defaults."""
+
     name = ""  # what SGLANG_MXFP8_DISABLED_KERNELS and the plans call it
     title = ""  # what it is, in a few words
     archs: Tuple[str, ...] = ()  # GpuSpec.arch values it runs on
@@ -125,8 +128,19 @@ class Kernel:
         GPU), as one line saying how to turn it on; None for a kernel the registry picks by itself."""
         return None
 
+    @abstractmethod
     def can_implement(self, spec) -> Check:
-        return OK
+        """Whether this kernel runs the layer ``spec`` describes (its shape and dtype), and why not in one line."""
+
+    @abstractmethod
+    def apply(self, layer, state: "LayerState", x: torch.Tensor, *args):
+        """The layer's forward for the batches its plan gives this kernel."""
+
+    def layout_mismatch(self, base: "Kernel") -> Optional[str]:
+        """Why this band kernel cannot read the weight layout ``base`` writes, or None."""
+        if self.scale_rows not in (None, base.scale_rows):
+            return f"reads {self.scale_rows}-row weight scale blocks; {base.name} writes {base.scale_rows}"
+        return None
 
     def create_buffers(self, layer: torch.nn.Module, spec, state: LayerState) -> None:
         pass
@@ -165,13 +179,21 @@ class LinearKernel(Kernel):
         out = self.gemm(layer, state, x2, bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
+    @abstractmethod
     def gemm(self, layer, state: LayerState, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        raise NotImplementedError
+        """x [M, K] contiguous -> [M, N]."""
 
 
 class MoEKernel(Kernel):
-    up_proj_first = False  # w13 loaded as [up; gate] (SGLang's loader reads load_up_proj_weight_first)
+    up_proj_first = False  # as a base kernel: w13 loaded as [up; gate] (SGLang's loader reads load_up_proj_weight_first)
+    any_w13_order = False  # as a band kernel: reads w13 in either order (the base's, from state.up_first)
     scales_output = False  # applies the router's routed_scaling_factor itself
+
+    def layout_mismatch(self, base: Kernel) -> Optional[str]:
+        why = super().layout_mismatch(base)
+        if why is None and getattr(base, "up_proj_first", False) and not (self.up_proj_first or self.any_w13_order):
+            why = f"reads w13 as [gate; up]; {base.name} loads it as [up; gate]"
+        return why
 
     def create_runner(self, layer, state: LayerState, moe_runner_config) -> None:
         pass
@@ -183,22 +205,41 @@ class MoEKernel(Kernel):
             out *= moe_runner_config.routed_scaling_factor
         return out
 
+    @abstractmethod
     def experts(self, layer, state: LayerState, x, topk_weights, topk_ids) -> torch.Tensor:
-        raise NotImplementedError
+        """x [M, H], the routing [M, top_k] -> the layer's output [M, H]."""
+
+
+class NativeKernel(Kernel):
+    """A kernel SGLang's own method runs: this package only chooses it, so it never runs through a plan."""
+
+    native = True
+
+    def apply(self, layer, state, x, *args):
+        raise RuntimeError(f"{self.name}: SGLang's own method runs this layer, not a sglang_mxfp8 plan")
+
+
+class Cite(NamedTuple):
+    """A benchmark row behind a registry choice (``benchmarks/results/*.jsonl``): routine, shape, tokens, kernel."""
+
+    routine: str
+    shape: str
+    tokens: int
+    kernel: str
 
 
 @dataclass(frozen=True)
 class Entry:
     """One line of a registry priority list: a kernel for batches of min_m..max_m tokens (None: no upper bound).
     ``with_base``: used only beside that base kernel (a band measured against it); ``fallback``: the flag did not
-    ask for it, so taking it is announced; ``measured``: the RESULTS section behind the band or shape list."""
+    ask for it, so taking it is announced; ``measured``: the benchmark rows behind the band or shape list."""
 
     kernel: Kernel
     min_m: int = 1
     max_m: Optional[int] = None
     with_base: Optional[str] = None
     fallback: bool = False
-    measured: str = ""
+    measured: Tuple[Cite, ...] = field(default=(), compare=False)
 
     @property
     def is_base(self) -> bool:
@@ -270,6 +311,31 @@ class Plan:
         return self.kernel_for(x.numel() // x.shape[-1]).apply(layer, state, x, *args)
 
     # -- what it says ------------------------------------------------------------------------------------------------
+    def table(self, width: int = 100, indent: str = "    ") -> List[str]:
+        """The plan as a short table for a terminal of ``width`` columns: the kernel of each batch band, then each
+        kernel passed over and why."""
+        import textwrap
+
+        served = {id(e) for e, _, _ in self.ranges(1 << 20)}
+        rows = []
+        for e in self.entries:
+            note = e.kernel.title + (", as a fallback" if e.fallback else "")
+            if e is self.entries[-1] and id(e) not in served:
+                note = "owns the weight layout; every batch goes to a kernel above"
+            rows.append((e.band(), e.kernel.name, note))
+        band_w = max(len(r[0]) for r in rows)
+        name_w = max(len(r[1]) for r in rows)
+        lines = []
+        for band, name, note in rows:
+            head = f"{indent}{band:<{band_w}}  {name:<{name_w}}  "
+            lines += textwrap.wrap(note, width, initial_indent=head, subsequent_indent=" " * len(head)) or [head]
+        if self.skipped:
+            lines.append(f"{indent}passed over:")
+            for e, why in self.skipped:
+                lines += textwrap.wrap(f"{e.kernel.name}: {why}", width, initial_indent=indent + "  ",
+                                       subsequent_indent=indent + "    ")
+        return lines
+
     def explain(self, skipped: bool = True, with_spec: bool = True) -> str:
         """One line: the kernel per batch band, then (``skipped``) why each kernel passed over was."""
         runs = "; ".join(f"{e.band()}: {e.kernel.name}" for e in self.entries)
@@ -310,8 +376,9 @@ def select(spec, gpu: GpuSpec, flag: str, candidates: Sequence[Entry], settings:
                 skipped.append((e, f"its batches go to {taken.kernel.name}"))
             continue
         ok, why = verdict(e)
-        if ok and e.kernel.scale_rows not in (None, base.kernel.scale_rows):
-            ok, why = False, f"reads {e.kernel.scale_rows}-row weight scale blocks; {base.kernel.name} writes {base.kernel.scale_rows}"
+        mismatch = e.kernel.layout_mismatch(base.kernel) if ok else None
+        if mismatch:
+            ok, why = False, mismatch
         (chosen.append(e) if ok else skipped.append((e, why)))
     return Plan(spec, gpu, flag, tuple(chosen) + (base,), tuple(skipped))
 

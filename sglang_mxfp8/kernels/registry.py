@@ -1,20 +1,24 @@
-"""Every MXFP8 kernel, and which one runs each layer: one priority list per (layer kind, GPU architecture, flag).
+"""Every MXFP8 kernel, and which one runs each layer: per GPU architecture and layer kind, one list of band kernels
+shared by every flag and, per flag, its base kernel preference.
 
-A flag's list is walked once per layer, when SGLang creates its weights (:func:`select_linear`,
-:func:`select_moe`), into a :class:`~sglang_mxfp8.kernels.base.Plan`: the kernel for each batch band. Launch
-validation, the server log and ``sglang-mxfp8 doctor`` all print that plan. Every threshold and shape list below
-cites the section of benchmarks/RESULTS.md that measured it on the H200.
+A layer's plan (:func:`select_linear`, :func:`select_moe`, when SGLang creates its weights) is the first base kernel of
+its flag that can run the layer, and before it every band kernel that can, that reads that base kernel's weight
+layout and, where it names one, sits beside that base kernel. Launch validation, the server log and
+``sglang-mxfp8 doctor`` print that plan. Each band and shape list cites the benchmark rows that measured it
+(``benchmarks/results/``; a CPU test checks that every cited row exists).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Tuple, Union
 
+from ..flags import DENSE_FLAG, DENSE_FLAGS, MOE_FLAG, MOE_FLAGS
 from ..platform import GpuSpec
 from ..settings import DISABLED_KERNELS_ENV, ENABLED_KERNELS_ENV, Settings
 from ..settings import current as current_settings
-from .base import DENSE_FLAG, MOE_FLAG, Entry, Kernel, LinearSpec, MoESpec, Mxfp8ConfigError, Plan, log_once, select
+from .base import Cite, Entry, Kernel, LinearSpec, MoESpec, Mxfp8ConfigError, Plan, log_once, select
 from .linear.cublas import CublasBlockScale
 from .linear.deepgemm import DeepGemmDense
 from .linear.flashinfer_sm90 import FlashInferSm90
@@ -31,100 +35,139 @@ from .moe.sglang_native import SglangNativeMoE
 from .moe.triton_fused import TritonFusedMoE
 from .moe.triton_w8a8 import TritonW8A8MoE
 
-DENSE_FLAGS = ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass")
-MOE_FLAGS = ("auto", "triton", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_trtllm_routed", "cutlass")
+__all__ = ["DENSE_FLAG", "DENSE_FLAGS", "MOE_FLAG", "MOE_FLAGS"]
+
+
+@dataclass(frozen=True)
+class Table:
+    """One layer kind on one GPU architecture: the band kernels every flag shares (tried in order, before the base),
+    and each flag's base kernels (the first that can run the layer is the base; one marked ``fallback`` is taken
+    only where the flag's own kernel cannot run the layer, and says so)."""
+
+    bands: Tuple[Entry, ...]
+    bases: Dict[str, Tuple[Entry, ...]]
+
+    def entries(self, flag: str) -> Tuple[Entry, ...]:
+        """The priority list of ``flag``: bands, then its bases; empty where the flag has no kernel here."""
+        return self.bands + self.bases[flag] if flag in self.bases else ()
+
+    def every_entry(self) -> Tuple[Entry, ...]:
+        return self.bands + tuple(e for entries in self.bases.values() for e in entries)
+
+    def only(self, *flags: str) -> "Table":
+        """The same table for an architecture that has only ``flags``."""
+        return Table(self.bands, {flag: self.bases[flag] for flag in flags})
+
+
+def _layers(shape: str, tokens, *kernels: str, routine: str = "layers") -> Tuple[Cite, ...]:
+    return tuple(Cite(routine, shape, t, k) for t in tokens for k in kernels)
+
+
+QWEN_QKV, QWEN_O = "qwen3-30b-a3b qkv_proj [5120 x 2048]", "qwen3-30b-a3b o_proj [2048 x 4096]"
+LLAMA_UP, LLAMA_DOWN = "llama-3-8b up_proj [14336 x 4096]", "llama-3-8b down_proj [4096 x 14336]"
+QWEN_MOE = "qwen3-30b-a3b MoE E128 H2048 I768 top-8"
 
 # -- Hopper dense ----------------------------------------------------------------------------------------------------
-# Served [N, K] whose one-token batches run the GEMV (RESULTS, "Wider GEMV tiles"; one token, same run): Qwen3-30B-
-# A3B's qkv and o, Llama-3-8B's down projection: 5.9 / 5.2 / 21.4 us against FlashInfer's whole op (quantizer + GEMM)
-# 7.9 / 9.7 / 24.9 and the Triton W8A8 whole op; Llama-3-8B's up projection only beside Triton (20.7 against its
-# 23.3; FlashInfer's 20.3).
+# one token: the GEMV against FlashInfer's whole op (quantizer + GEMM) and the Triton W8A8 whole op, same run
 GEMV_SHAPES = frozenset({(5120, 2048), (2048, 4096), (4096, 14336)})
 GEMV_BESIDE_FLASHINFER = Gemv(GEMV_SHAPES)
-GEMV_BESIDE_TRITON = Gemv(GEMV_SHAPES | {(14336, 4096)})
-# RESULTS, "Weight-only FP8 kernels": at M <= 16 it beat the W8A8 whole op by 1.2-1.6x on layers with N <= 5120
-# and lost 5-13% on 4096->14336; at M = 64 it lost on three of four. FlashInfer's fused-quantization GEMM beat it.
+GEMV_BESIDE_TRITON = Gemv(GEMV_SHAPES | {(14336, 4096)})  # Llama-3-8B's up projection: only beside Triton
+GEMV_CITES = sum((_layers(s, (1,), "gemv", "flashinfer_sm90", "triton_w8a8")
+                  for s in (QWEN_QKV, QWEN_O, LLAMA_UP, LLAMA_DOWN)), ())
+# up to 16 tokens the weight-only GEMM beat the W8A8 whole op on layers with N <= 5120; it lost on 4096 -> 14336
 WEIGHT_ONLY = WeightOnly(max_n=5120)
 TRITON_W8A8 = TritonW8A8()
 FLASHINFER_SM90 = FlashInferSm90()
 DEEPGEMM = DeepGemmDense()
 CUBLAS = CublasBlockScale()
+PREFILL_CITES = sum((_layers(s, (1024, 4096, 8192), "deepgemm", "cublas", "flashinfer_sm90")
+                     for s in (QWEN_QKV, QWEN_O, LLAMA_UP, LLAMA_DOWN)), ())
 
-HOPPER_TRITON_DENSE = (
-    Entry(GEMV_BESIDE_TRITON, 1, 1, measured="Wider GEMV tiles"),
-    Entry(WEIGHT_ONLY, 1, 16, measured="Weight-only FP8 kernels"),
-    Entry(TRITON_W8A8),
-)
-HOPPER_FLASHINFER_DENSE = (
-    Entry(GEMV_BESIDE_FLASHINFER, 1, 1, with_base=FLASHINFER_SM90.name, measured="Wider GEMV tiles"),
-    # RESULTS, "DeepGEMM's dense GEMM for prefill batches": our quantizer + DeepGEMM beat cuBLAS on 11 of 12 cells
-    # at 1024 / 4096 / 8192 tokens (1.02-1.27x); "cuBLAS's block-scaled GEMM": cuBLAS beat FlashInfer's GEMM at
-    # 1024 and 4096 tokens on all four shapes, lost at 16-512 on Qwen3-30B-A3B's.
-    Entry(DEEPGEMM, 1024, measured="DeepGEMM's dense GEMM for prefill batches"),
-    Entry(CUBLAS, 1024, measured="cuBLAS's block-scaled GEMM"),
-    # RESULTS, "Dense layers": FlashInfer's GEMM beat our Triton kernel at every measured shape and M.
-    Entry(FLASHINFER_SM90, measured="Dense layers"),
-    Entry(GEMV_BESIDE_TRITON, 1, 1, with_base=TRITON_W8A8.name, measured="Wider GEMV tiles"),
-    Entry(WEIGHT_ONLY, 1, 16, with_base=TRITON_W8A8.name, measured="Weight-only FP8 kernels"),
-    Entry(TRITON_W8A8, fallback=True),  # shapes FlashInfer's GEMM cannot take (K % 128, N % 64)
+# FlashInfer's GEMM beat our Triton W8A8 kernel at every measured shape and batch; Triton takes the shapes FlashInfer's
+# cannot (K % 128, N % 64)
+FLASHINFER_FIRST = (Entry(FLASHINFER_SM90, measured=_layers(QWEN_QKV, (16, 128, 1024, 8192), "flashinfer_sm90",
+                                                            "triton_w8a8")),
+                    Entry(TRITON_W8A8, fallback=True))
+SM90_DENSE = Table(
+    bands=(
+        Entry(GEMV_BESIDE_FLASHINFER, 1, 1, with_base=FLASHINFER_SM90.name, measured=GEMV_CITES),
+        Entry(GEMV_BESIDE_TRITON, 1, 1, with_base=TRITON_W8A8.name, measured=GEMV_CITES),
+        Entry(WEIGHT_ONLY, 1, 16, with_base=TRITON_W8A8.name,
+              measured=_layers(QWEN_QKV, (1, 16), "weight_only", "triton_w8a8")
+              + _layers(QWEN_O, (1, 16), "weight_only", "triton_w8a8")),
+        # DeepGEMM beat cuBLAS's block-scaled GEMM on 11 of 12 cells at 1024-8192 tokens; cuBLAS beat FlashInfer's
+        # GEMM at 1024 and 4096 tokens on every shape and lost at 16-512 on Qwen3-30B-A3B's
+        Entry(DEEPGEMM, 1024, measured=PREFILL_CITES),
+        Entry(CUBLAS, 1024, measured=PREFILL_CITES),
+    ),
+    bases={"auto": FLASHINFER_FIRST, "flashinfer_trtllm": FLASHINFER_FIRST, "triton": (Entry(TRITON_W8A8),)},
 )
 
 # -- Blackwell dense (CPU-verified, not run on SM100) ------------------------------------------------------------------
 FLASHINFER_TRTLLM_MXFP8 = FlashInferTrtllmMxfp8()
 FLASHINFER_CUTLASS_MXFP8 = FlashInferCutlassMxfp8()
 SGLANG_TRITON_MXFP8 = SglangTritonMxfp8()
-
-LINEAR: Dict[Tuple[str, str], Tuple[Entry, ...]] = {
-    ("sm90", "auto"): HOPPER_FLASHINFER_DENSE,
-    ("sm90", "flashinfer_trtllm"): HOPPER_FLASHINFER_DENSE,
-    ("sm90", "triton"): HOPPER_TRITON_DENSE,
-    ("sm100", "auto"): (Entry(FLASHINFER_CUTLASS_MXFP8),),
-    ("sm100", "flashinfer_cutlass"): (Entry(FLASHINFER_CUTLASS_MXFP8),),
-    ("sm100", "flashinfer_trtllm"): (Entry(FLASHINFER_TRTLLM_MXFP8), Entry(FLASHINFER_CUTLASS_MXFP8, fallback=True)),
-    ("sm100", "triton"): (Entry(SGLANG_TRITON_MXFP8),),
-    ("sm110", "auto"): (Entry(FLASHINFER_CUTLASS_MXFP8),),
-    ("sm110", "flashinfer_cutlass"): (Entry(FLASHINFER_CUTLASS_MXFP8),),
-    ("sm120", "auto"): (Entry(FLASHINFER_CUTLASS_MXFP8),),
-    ("sm120", "flashinfer_cutlass"): (Entry(FLASHINFER_CUTLASS_MXFP8),),
-    ("sm120", "triton"): (Entry(SGLANG_TRITON_MXFP8),),
-}
+SM100_DENSE = Table(bands=(), bases={
+    "auto": (Entry(FLASHINFER_CUTLASS_MXFP8),),
+    "flashinfer_cutlass": (Entry(FLASHINFER_CUTLASS_MXFP8),),
+    "flashinfer_trtllm": (Entry(FLASHINFER_TRTLLM_MXFP8), Entry(FLASHINFER_CUTLASS_MXFP8, fallback=True)),
+    "triton": (Entry(SGLANG_TRITON_MXFP8),),
+})
 
 # -- Hopper MoE ------------------------------------------------------------------------------------------------------
-# RESULTS, "GEMV MoE with SiLU-and-mul in its up launch": one token, Qwen3-30B-A3B's layer (hidden 2048,
-# intermediate 768, 128 experts, top-8): 16.8 us against SGLang's Triton fused MoE 31.5 (MXFP8) and 36.5 (BF16).
-# RESULTS, "DeepGEMM's grouped GEMM for the prefill MoE": DeepGEMM with our glue 284.4 / 351.2 / 516.9 / 852.3 us at
-# 1024 / 2048 / 4096 / 8192 tokens against the CUTLASS grouped MoE's 304.8 / 431.1 / 712.2 / 1282.0 (the Triton
-# fused MoE 283-292 at 1024). RESULTS, "CUTLASS grouped MoE for prefill": 435.9 vs the Triton fused MoE's 447.3 us
-# at 2048 tokens, 719.5 vs 769.9 at 4096, 1293.0 vs 1480.3 at 8192; slower at 1024 and below.
 TRITON_MOE = TritonFusedMoE()
-# hidden or intermediate sizes off the 128 grid (multiples of 32): the masked W8A8 MoE is the base kernel
-TRITON_W8A8_MOE = TritonW8A8MoE()
-HOPPER_MOE = (
-    Entry(GemvMoE({(2048, 768)}), 1, 1, measured="GEMV MoE with SiLU-and-mul in its up launch"),
-    Entry(DeepGemmPrefillMoE(), 1024, measured="DeepGEMM's grouped GEMM for the prefill MoE"),
-    Entry(CutlassGroupedPrefillMoE(), 2048, measured="CUTLASS grouped MoE for prefill"),
-    Entry(TRITON_MOE),
-    Entry(TRITON_W8A8_MOE),
+TRITON_W8A8_MOE = TritonW8A8MoE()  # our masked W8A8 fused MoE: sizes off the 128 grid, any w13 order
+FLASHINFER_CUTLASS_SM90_MOE = FlashInferCutlassSm90MoE()
+MOE_GEMV = GemvMoE({(2048, 768)})
+DEEPGEMM_MOE = DeepGemmPrefillMoE()
+CUTLASS_MOE = CutlassGroupedPrefillMoE()
+TRITON_FIRST = (Entry(TRITON_MOE), Entry(TRITON_W8A8_MOE))
+SM90_MOE = Table(
+    bands=(
+        # one token: the GEMV MoE against SGLang's Triton fused MoE (MXFP8 and BF16), same run
+        Entry(MOE_GEMV, 1, 1, measured=_layers(QWEN_MOE, (1,), "moe_gemv", "triton_moe")),
+        # DeepGEMM's grouped GEMM with our glue against the CUTLASS grouped and the Triton fused MoE, same run
+        Entry(DEEPGEMM_MOE, 1024, measured=_layers(QWEN_MOE, (1024, 2048, 4096, 8192), "deepgemm_moe", "cutlass_moe",
+                                                   "triton_moe")),
+        Entry(CUTLASS_MOE, 2048, measured=_layers(QWEN_MOE, (2048, 4096, 8192), "cutlass_moe", "triton_moe")),
+        # FlashInfer's fused MoE ran 0.55-0.87x SGLang's Triton MoE at every batch, which our masked W8A8 MoE matches
+        # on the grid; it reads w13 as FlashInfer loads it ([up; gate]), so it takes FlashInfer's batches
+        Entry(TRITON_W8A8_MOE, 2, with_base=FLASHINFER_CUTLASS_SM90_MOE.name,
+              measured=_layers(QWEN_MOE, (16, 64, 256, 1024, 4096, 8192), "flashinfer_cutlass_moe_sm90", "triton_moe")
+              + _layers(QWEN_MOE, (16, 4096), "triton_w8a8_moe", "triton_moe")),
+    ),
+    bases={"auto": TRITON_FIRST, "triton": TRITON_FIRST,
+           "flashinfer_cutlass": (Entry(FLASHINFER_CUTLASS_SM90_MOE), Entry(TRITON_W8A8_MOE, fallback=True))},
 )
-MOE: Dict[Tuple[str, str], Tuple[Entry, ...]] = {
-    ("sm90", "auto"): HOPPER_MOE,
-    ("sm90", "triton"): HOPPER_MOE,
-    ("sm90", "flashinfer_cutlass"): (Entry(FlashInferCutlassSm90MoE()), Entry(TRITON_W8A8_MOE, fallback=True)),
-    ("sm100", "flashinfer_cutlass"): (Entry(FlashInferCutlassMxfp8MoE()),),
-    ("sm100", "auto"): (Entry(SglangNativeMoE("flashinfer_trtllm")),),
-    **{("sm100", flag): (Entry(SglangNativeMoE(flag)),) for flag in ("flashinfer_trtllm", "flashinfer_trtllm_routed",
-                                                                     "cutlass")},
-}
 
-TABLES = {"linear": (LINEAR, DENSE_FLAG, DENSE_FLAGS), "moe": (MOE, MOE_FLAG, MOE_FLAGS)}
+SM100_MOE = Table(bands=(), bases={
+    "flashinfer_cutlass": (Entry(FlashInferCutlassMxfp8MoE()),),
+    **{flag: (Entry(SglangNativeMoE(runner)),) for flag, runner in (
+        ("auto", "flashinfer_trtllm"), ("flashinfer_trtllm", "flashinfer_trtllm"),
+        ("flashinfer_trtllm_routed", "flashinfer_trtllm_routed"), ("cutlass", "cutlass"))},
+})
+
+# GPU architecture -> layer kind -> its table (no MoE table: no MXFP8 MoE kernel there)
+REGISTRY: Dict[str, Dict[str, Table]] = {
+    "sm90": {"linear": SM90_DENSE, "moe": SM90_MOE},
+    "sm100": {"linear": SM100_DENSE, "moe": SM100_MOE},
+    "sm110": {"linear": SM100_DENSE.only("auto", "flashinfer_cutlass")},
+    "sm120": {"linear": SM100_DENSE.only("auto", "flashinfer_cutlass", "triton")},
+}
+FLAGS = {"linear": (DENSE_FLAG, DENSE_FLAGS), "moe": (MOE_FLAG, MOE_FLAGS)}
+
+
+def table(kind: str, gpu: GpuSpec) -> Table:
+    """``kind``'s table for ``gpu``'s architecture (an empty one where it has none)."""
+    return REGISTRY.get(gpu.arch, {}).get(kind, Table((), {}))
 
 
 def all_kernels() -> List[Kernel]:
     """Every registered kernel once, in the registry's order."""
     seen: Dict[str, Kernel] = {}
-    for table, _, _ in TABLES.values():
-        for entries in table.values():
-            for e in entries:
+    for kinds in REGISTRY.values():
+        for t in kinds.values():
+            for e in t.every_entry():
                 seen.setdefault(e.kernel.name, e.kernel)
     return list(seen.values())
 
@@ -133,12 +176,22 @@ def kernel_names() -> List[str]:
     return [k.name for k in all_kernels()]
 
 
+def cited_rows() -> List[Cite]:
+    """Every benchmark row an entry cites as its measurement, once."""
+    cites: Dict[Cite, None] = {}
+    for kinds in REGISTRY.values():
+        for t in kinds.values():
+            for e in t.every_entry():
+                cites.update(dict.fromkeys(e.measured))
+    return list(cites)
+
+
 def flag_kernels(kind: str, gpu: GpuSpec, flag: str, settings: Settings = None) -> List[Kernel]:
     """The kernels of a flag's priority list that can run on ``gpu`` (any layer shape); Mxfp8ConfigError (one line)
     where the flag cannot run MXFP8 ``kind`` layers there."""
     settings = settings or current_settings()
     check_flag(kind, gpu, flag, settings)
-    return [e.kernel for e in TABLES[kind][0][(gpu.arch, flag)] if e.kernel.is_supported(gpu, settings)[0]]
+    return [e.kernel for e in table(kind, gpu).entries(flag) if e.kernel.is_supported(gpu, settings)[0]]
 
 
 def opt_in_kernels(gpu: GpuSpec) -> List[str]:
@@ -147,29 +200,21 @@ def opt_in_kernels(gpu: GpuSpec) -> List[str]:
 
 
 def check_gpu(gpu: GpuSpec) -> None:
-    if not any(arch == gpu.arch for arch, _ in LINEAR):
+    if "linear" not in REGISTRY.get(gpu.arch, {}):
         raise Mxfp8ConfigError(
             f"MXFP8 checkpoints need an FP8 tensor-core path; {gpu.label} has none in sglang_mxfp8 (Hopper SM90 or "
             "Blackwell SM100/103/107/110/120/121 required): serve the BF16 checkpoint instead")
 
 
-def _named_base(entries: Sequence[Entry]) -> Entry:
-    """The base kernel a flag asks for by name: its list's first whole-range entry."""
-    return next(e for e in entries if e.is_base)
-
-
 def flag_choices(kind: str, gpu: GpuSpec, settings: Settings = None) -> Tuple[str, ...]:
     """Values of the ``kind`` ("linear" or "moe") flag that can run MXFP8 on ``gpu``: a named flag where the kernel it
-    names is supported; ``auto`` where any of its base kernels is."""
+    names (its first base) is supported; ``auto`` where any of its bases is."""
     settings = settings or current_settings()
-    table, _, flags = TABLES[kind]
+    t = table(kind, gpu)
     valid = []
-    for flag in flags:
-        entries = table.get((gpu.arch, flag))
-        if not entries:
-            continue
-        bases = [e for e in entries if e.is_base] if flag == "auto" else [_named_base(entries)]
-        if any(e.kernel.is_supported(gpu, settings)[0] for e in bases):
+    for flag in FLAGS[kind][1]:
+        bases = t.bases.get(flag, ())
+        if any(e.kernel.is_supported(gpu, settings)[0] for e in (bases if flag == "auto" else bases[:1])):
             valid.append(flag)
     return tuple(valid)
 
@@ -178,21 +223,21 @@ def check_flag(kind: str, gpu: GpuSpec, flag: str, settings: Settings = None) ->
     """One line naming the flag, the GPU and the valid choices, where ``flag`` cannot run MXFP8 ``kind`` layers."""
     settings = settings or current_settings()
     check_gpu(gpu)
-    table, flag_name, flags = TABLES[kind]
+    flag_name, flags = FLAGS[kind]
     valid = flag_choices(kind, gpu, settings)
     if flag in valid:
         return
-    entries = table.get((gpu.arch, flag))
-    if not any(arch == gpu.arch for arch, _ in table):
+    t = table(kind, gpu)
+    if not t.bases:
         raise Mxfp8ConfigError(
             f"{flag_name} {flag}: no MXFP8 MoE kernel exists for {gpu.label} (FlashInfer's and SGLang's MXFP8 MoE "
             "kernels are SM100/103/107 only, ours SM90): serve the BF16 checkpoint")
     if flag not in flags:
         why = "not an MXFP8 " + ("dense" if kind == "linear" else "MoE") + " backend"
-    elif not entries:
+    elif flag not in t.bases:
         why = "no such kernel for this architecture"
     else:
-        why = _named_base(entries).kernel.is_supported(gpu, settings)[1]
+        why = t.bases[flag][0].kernel.is_supported(gpu, settings)[1]
         if why.startswith(flag_name):  # the kernel's own line names the flag and what to use instead
             raise Mxfp8ConfigError(why)
     raise Mxfp8ConfigError(f"{flag_name} {flag} cannot run MXFP8 on {gpu.label}: {why}; valid choices on this GPU: "
@@ -206,8 +251,7 @@ def _select(kind: str, spec, gpu: GpuSpec, flag: str, settings: Settings, bands:
             log_once(30, f"sglang_mxfp8: {env} names no kernel called {', '.join(sorted(unknown))} "
                          f"(kernels: {', '.join(kernel_names())})")
     check_flag(kind, gpu, flag, settings)
-    table = TABLES[kind][0]
-    return select(spec, gpu, flag, table[(gpu.arch, flag)], settings, bands)
+    return select(spec, gpu, flag, table(kind, gpu).entries(flag), settings, bands)
 
 
 def select_linear(spec: LinearSpec, gpu: GpuSpec, flag: str, settings: Settings = None, bands: bool = True) -> Plan:
@@ -221,6 +265,26 @@ def select_linear(spec: LinearSpec, gpu: GpuSpec, flag: str, settings: Settings 
 def select_moe(spec: MoESpec, gpu: GpuSpec, flag: str, settings: Settings = None, bands: bool = True) -> Plan:
     """The plan of one MXFP8 fused-MoE layer; Mxfp8ConfigError (one line) where no kernel can run it."""
     return _select("moe", spec, gpu, flag, settings or current_settings(), bands)
+
+
+def candidates(kind: str, gpu: GpuSpec, spec, settings: Settings = None) -> List[Tuple[Entry, Kernel]]:
+    """Every (entry, base kernel whose layout it reads) of ``gpu``'s ``kind`` table, any flag, that can run ``spec``:
+    what ``sglang-mxfp8 bench layers --all-kernels`` times, each base kernel with itself."""
+    settings = settings or current_settings()
+    t = table(kind, gpu)
+
+    def runs(e: Entry) -> bool:
+        return e.kernel.is_supported(gpu, settings)[0] and e.kernel.can_implement(spec)[0]
+
+    bases = list({e.kernel.name: e for entries in t.bases.values() for e in entries if runs(e)}.values())
+    out, seen = [(e, e.kernel) for e in bases], {e.kernel.name for e in bases}
+    for e in t.bands:
+        base = next((b.kernel for b in bases if e.with_base in (None, b.kernel.name)
+                     and e.kernel.layout_mismatch(b.kernel) is None), None)
+        if base is not None and e.kernel.name not in seen and runs(e):
+            out.append((e, base))
+            seen.add(e.kernel.name)
+    return out
 
 
 def plan_checkpoint(ckpt: Path, gpu: GpuSpec, dense_flag: str, moe_flag: str, tp: int = 1, ep: int = 1,
@@ -259,6 +323,6 @@ def plan_checkpoint(ckpt: Path, gpu: GpuSpec, dense_flag: str, moe_flag: str, tp
 
 def native(kind: str, gpu: GpuSpec, flag: str) -> bool:
     """Whether SGLang's own MXFP8 method runs ``kind`` layers for this flag on this GPU (decided by flag and GPU
-    alone, before any layer's shape is known)."""
-    entries = TABLES[kind][0].get((gpu.arch, flag), ())
+    alone, before any layer's shape is known): the one answer to "ours or SGLang's"."""
+    entries = table(kind, gpu).entries(flag)
     return bool(entries) and all(e.kernel.native for e in entries)

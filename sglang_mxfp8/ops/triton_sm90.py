@@ -138,7 +138,7 @@ def _w8a8_gemm_kernel(
 
 
 def _config(m: int):
-    """Tile config by M, from the H200 sweep (benchmarks/kernels/sweep_triton.py, RESULTS.md):
+    """Tile config by M, from an H200 tile sweep:
     16x64 w4 s4 was best at M <= 16; 64x128 w4 s3/s4 from M = 128 to 8192 on both swept shapes."""
     if m <= 16:
         return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=GROUP_K, GROUP_M=1, num_warps=4, num_stages=4)
@@ -202,7 +202,7 @@ def _w8a16_gemm_kernel(
 
 def w8a16_config(m: int) -> dict:
     """16x32 tiles, 4 warps, 5 stages: best of 16 configs at M = 1 and 16 on 2048->5120, 4096->2048 and
-    14336->4096 on the H200 (benchmarks/kernels/sweep_triton.py --kernel w8a16); larger M, where the
+    14336->4096 on the H200 (a tile sweep); larger M, where the
     kernel is not dispatched, keeps M-sized tiles."""
     if m <= 16:
         return dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=5)
@@ -283,14 +283,14 @@ def _moe_gemm(a, w, w_s, out, sorted_ids, expert_ids, padded, topk_weights, a_ro
     )
 
 
-# untuned starting point: one 16-row tile per expert in decode; measured by bench_moe.py
+# untuned starting point: one 16-row tile per expert in decode
 MOE_W8A16_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
 
 
 def _moe_glue(align, silu_and_mul):
     """SGLang's token alignment (moe_align_block_size) and sgl_kernel's SiLU-and-mul, where the caller passes none."""
     if align is None:
-        from ..sglang.plugin import sglang_object
+        from ..sglang.compat import sglang_object
 
         align = sglang_object("moe_align_block_size")  # moved in SGLang 0.5.11
     if silu_and_mul is None:
@@ -326,11 +326,13 @@ def _moe_w8a8_kernel(
     a_ptr, sa_ptr, b_ptr, c_ptr, sb_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, padded_ptr,
     N, K, KB, num_valid,
     stride_am, stride_sam, stride_be, stride_bn, stride_cm, stride_se, stride_sn,
-    A_ROW_DIV: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+    A_ROW_DIV: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, SWAP_HALVES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """C[id] = (A * sa)[id // A_ROW_DIV] @ (W[expert] * sb)^T for the BLOCK_M sorted (token, slot) ids of one expert;
-    A e4m3 with a float32 scale per (row, 128 columns), W e4m3 with 128x128 block scales; K and N tails masked."""
+    A e4m3 with a float32 scale per (row, 128 columns), W e4m3 with 128x128 block scales; K and N tails masked.
+    SWAP_HALVES: W's first and second N / 2 rows are stored to C's second and first halves (w13 as [up; gate] in,
+    [gate | up] out, as SiLU-and-mul reads it)."""
     if tl.program_id(1) * BLOCK_M >= tl.load(padded_ptr):
         return
     ids, valid, expert, offs_n, mask_n = _expert_tile(sorted_ids_ptr, expert_ids_ptr, num_valid, N, BLOCK_M, BLOCK_N)
@@ -338,7 +340,11 @@ def _moe_w8a8_kernel(
     acc = _w8a8_dot(a_ptr + rows[:, None] * stride_am, valid, sa_ptr, rows * stride_sam,
                     b_ptr + expert * stride_be + offs_n[None, :] * stride_bn, mask_n,
                     sb_ptr + expert * stride_se, (offs_n // 128) * stride_sn, K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
-    _store_expert_tile(acc, c_ptr, stride_cm, topk_w_ptr, ids, valid, offs_n, mask_n, MUL_ROUTED_WEIGHT)
+    out_n = offs_n
+    if SWAP_HALVES:
+        half = N // 2
+        out_n = tl.where(offs_n < half, offs_n + half, offs_n - half)
+    _store_expert_tile(acc, c_ptr, stride_cm, topk_w_ptr, ids, valid, out_n, mask_n, MUL_ROUTED_WEIGHT)
 
 
 def moe_w8a8_config(m: int, top_k: int, experts: int) -> dict:
@@ -348,30 +354,33 @@ def moe_w8a8_config(m: int, top_k: int, experts: int) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3)
 
 
-def _moe_gemm_w8a8(a_q, a_s, w, w_s, out, sorted_ids, expert_ids, padded, topk_weights, a_row_div, config):
+def _moe_gemm_w8a8(a_q, a_s, w, w_s, out, sorted_ids, expert_ids, padded, topk_weights, a_row_div, config,
+                   swap_halves=False):
     n, k = w.shape[1], w.shape[2]
     grid = (triton.cdiv(n, config["BLOCK_N"]), triton.cdiv(sorted_ids.numel(), config["BLOCK_M"]))
     _moe_w8a8_kernel[grid](
         a_q, a_s, w, out, w_s, topk_weights, sorted_ids, expert_ids, padded,
         n, k, triton.cdiv(k, GROUP_K), out.shape[0],
         a_q.stride(0), a_s.stride(0), w.stride(0), w.stride(1), out.stride(0), w_s.stride(0), w_s.stride(1),
-        A_ROW_DIV=a_row_div, MUL_ROUTED_WEIGHT=a_row_div == 1, BLOCK_K=GROUP_K, **config,
+        A_ROW_DIV=a_row_div, MUL_ROUTED_WEIGHT=a_row_div == 1, SWAP_HALVES=swap_halves, BLOCK_K=GROUP_K, **config,
     )
 
 
-def moe_w8a8(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=None, silu_and_mul=None):
+def moe_w8a8(x, w13, s13, w2, s2, topk_weights, topk_ids, config=None, align=None, silu_and_mul=None,
+             up_first: bool = False):
     """W8A8 fused MoE for any hidden / intermediate size that is a multiple of 32 (MXFP8's block; K and N tails are
     masked, nothing padded): x [M, H] bf16/fp16 quantized per (row, 128 columns); w13 [E, 2I, H] e4m3 ([gate; up]
     rows), w2 [E, H, I] e4m3, their 128x128 power-of-two scales [E, ceil(2I/128), ceil(H/128)] and
     [E, ceil(H/128), ceil(I/128)]; topk_weights / topk_ids [M, top_k] -> [M, H]. ``align`` and ``silu_and_mul``
-    default to SGLang's / sgl_kernel's."""
+    default to SGLang's / sgl_kernel's. ``up_first``: w13 holds [up; gate] rows (as FlashInfer's fused MoE loads it);
+    the up GEMM then stores each half where SiLU-and-mul reads it, nothing copied."""
     align, silu_and_mul = _moe_glue(align, silu_and_mul)
     m, top_k = topk_ids.shape
     cfg = config or moe_w8a8_config(m, top_k, w13.shape[0])
     sorted_ids, expert_ids, padded = align(topk_ids, cfg["BLOCK_M"], w13.shape[0])
     a_q, a_s = quantize_act_1x128(x.contiguous())
     up = torch.empty((m * top_k, w13.shape[1]), dtype=x.dtype, device=x.device)
-    _moe_gemm_w8a8(a_q, a_s, w13, s13, up, sorted_ids, expert_ids, padded, topk_weights, top_k, cfg)
+    _moe_gemm_w8a8(a_q, a_s, w13, s13, up, sorted_ids, expert_ids, padded, topk_weights, top_k, cfg, up_first)
     act_q, act_s = quantize_act_1x128(silu_and_mul(up))
     down = torch.empty((m * top_k, w2.shape[1]), dtype=x.dtype, device=x.device)
     _moe_gemm_w8a8(act_q, act_s, w2, s2, down, sorted_ids, expert_ids, padded, topk_weights.reshape(-1), 1, cfg)
@@ -410,7 +419,7 @@ def _w8a16_gemv_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, y_ptr, N, K, KB, stride_wn
     tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
 
 
-# H200 tile sweep (benchmarks/kernels/sweep_triton.py --kernel gemv, RESULTS): the fastest config per (N, K)
+# H200 tile sweep: the fastest config per (N, K)
 GEMV_TUNED = {
     (5120, 2048): dict(BLOCK_N=8, GROUPS=16, num_warps=8, num_stages=1),
     (2048, 4096): dict(BLOCK_N=2, GROUPS=16, num_warps=8, num_stages=1),
@@ -456,15 +465,16 @@ def _w8a16_gemv(x, w, w_s, scale_rows, bias, config):
 @triton.jit
 def _moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, act_ptr, I, K, KB,
                         stride_we, stride_wn, stride_se, stride_sn, stride_act,
-                        BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+                        UP_FIRST: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     """act[slot] = silu_and_mul(W13[expert of slot] . x) for BLOCK_N of the I outputs, one program per
     (BLOCK_N outputs, slot). A program's rows are its outputs' gate and up rows, interleaved, so the
-    activation is computed once per output here rather than by every program of the down projection."""
+    activation is computed once per output here rather than by every program of the down projection.
+    UP_FIRST: W13 holds [up; gate] rows."""
     slot = tl.program_id(1)
     expert = tl.load(ids_ptr + slot).to(tl.int64)
     r = tl.arange(0, 2 * BLOCK_N)
     offs_i = tl.program_id(0) * BLOCK_N + r // 2
-    rows = offs_i + (r % 2) * I  # even r: gate row, odd r: up row
+    rows = offs_i + ((r + UP_FIRST) % 2) * I  # even r: gate row, odd r: up row
     acc = _gemv_dot(x_ptr, w_ptr + expert * stride_we + rows * stride_wn, (offs_i < I) & (expert >= 0),
                     s_ptr + expert * stride_se + (rows // 128) * stride_sn, K, KB, 2 * BLOCK_N, GROUPS)
     # SGLang's silu_and_mul on the bf16 gate and up its fused MoE would have stored
@@ -508,24 +518,25 @@ def _moe_gemv_down_kernel(act_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, y_ptr, N, I, K
     tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=offs_n < N)
 
 
-# H200 tile sweep of the Qwen3-30B-A3B MoE (E=128, H=2048, I=768, top-8), one config per launch: see RESULTS.
+# H200 tile sweep of the Qwen3-30B-A3B MoE (E=128, H=2048, I=768, top-8), one config per launch.
 # The down projection's 8 groups cover I = 768 (6 groups) in one step, the last two masked off.
 MOE_GEMV_UP_CONFIG = dict(BLOCK_N=16, GROUPS=16, num_warps=8, num_stages=1)  # 16 outputs: 32 rows
 MOE_GEMV_DOWN_CONFIG = dict(BLOCK_N=8, GROUPS=8, num_warps=8, num_stages=1)
 
 
 def moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config: dict | None = None,
-             down_config: dict | None = None):
+             down_config: dict | None = None, up_first: bool = False):
     """One token's fused MoE in two launches, on the checkpoint's FP8 experts: x [1, H] bf16; w13 [E, 2I, H]
     e4m3 ([gate; up] rows), w2 [E, H, I] e4m3, their 128x128 power-of-two scales; topk_weights / topk_ids
     [1, top_k] (an id < 0 adds nothing) -> [1, H]. No token sorting, no activation quantization, no
-    separate activation or sum kernel: what a batch-1 decode step's MoE is otherwise made of."""
+    separate activation or sum kernel: what a batch-1 decode step's MoE is otherwise made of. ``up_first``: w13
+    holds [up; gate] rows."""
     if x.dtype != torch.bfloat16 or x.shape[0] != 1:
         raise TypeError(f"moe_gemv takes one bfloat16 token (got {x.dtype} {tuple(x.shape)})")
-    return _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_config)
+    return _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_config, up_first)
 
 
-def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_config):
+def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_config, up_first=False):
     """The launches, for any float activation dtype: the up projection with the activation ([top_k, I]), then
     the down projection, whose programs each cover BLOCK_N rows of every expert of the token."""
     up_cfg, down_cfg = up_config or MOE_GEMV_UP_CONFIG, down_config or MOE_GEMV_DOWN_CONFIG
@@ -534,7 +545,7 @@ def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_confi
     act = torch.empty((top_k, inter), dtype=x.dtype, device=x.device)
     _moe_gemv_up_kernel[(triton.cdiv(inter, up_cfg["BLOCK_N"]), top_k)](
         x.contiguous(), w13, s13, ids, act, inter, h, triton.cdiv(h, GROUP_K),
-        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), act.stride(0), **up_cfg,
+        w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1), act.stride(0), UP_FIRST=int(up_first), **up_cfg,
     )
     y = torch.empty((1, h), dtype=x.dtype, device=x.device)
     _moe_gemv_down_kernel[(triton.cdiv(h, down_cfg["BLOCK_N"]),)](
@@ -638,10 +649,11 @@ def moe_scatter_quant(x, topk_ids, cursor, rows: int):
 
 @triton.jit
 def _silu_mul_quant_kernel(h_ptr, q_ptr, s_ptr, seg_end_ptr, end_ptr, E, I, stride_h, stride_q, stride_sk,
-                           ROWS: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):
+                           UP_FIRST: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):
     """silu(gate) * up for [ROWS] rows x one 128-column group, rounded to the activation dtype (what a separate
     SiLU-and-mul would write), then quantized 1x128. Only rows holding a slot: the block's expert is the first whose
-    segment ends past it (ROWS divides the segments' alignment), and rows at or past that expert's end are skipped."""
+    segment ends past it (ROWS divides the segments' alignment), and rows at or past that expert's end are skipped.
+    UP_FIRST: h holds [up | gate]."""
     first = tl.program_id(0) * ROWS
     bins = tl.arange(0, BINS)
     seg_end = tl.load(seg_end_ptr + bins, mask=bins < E, other=2147483647)
@@ -655,8 +667,8 @@ def _silu_mul_quant_kernel(h_ptr, q_ptr, s_ptr, seg_end_ptr, end_ptr, E, I, stri
     ok = rows < limit
     rows = rows.to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    gate = tl.load(h_ptr + rows[:, None] * stride_h + cols[None, :], mask=ok[:, None], other=0.0)
-    up = tl.load(h_ptr + rows[:, None] * stride_h + I + cols[None, :], mask=ok[:, None], other=0.0)
+    gate = tl.load(h_ptr + rows[:, None] * stride_h + UP_FIRST * I + cols[None, :], mask=ok[:, None], other=0.0)
+    up = tl.load(h_ptr + rows[:, None] * stride_h + (1 - UP_FIRST) * I + cols[None, :], mask=ok[:, None], other=0.0)
     g32 = gate.to(tl.float32)
     a = (g32 / (1.0 + tl.exp(-g32)) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
     q, scale = _e4m3_groups(a)
@@ -667,15 +679,16 @@ def _silu_mul_quant_kernel(h_ptr, q_ptr, s_ptr, seg_end_ptr, end_ptr, E, I, stri
 SILU_ROWS = 16
 
 
-def silu_mul_quant(h, seg_end, end):
-    """h [R, 2I] ([gate | up], R a multiple of 16, I of 128) -> (e4m3 [R, I], float32 scales [R, I / 128] M-major)
+def silu_mul_quant(h, seg_end, end, up_first: bool = False):
+    """h [R, 2I] ([gate | up], or [up | gate] with ``up_first``; R a multiple of 16, I of 128) -> (e4m3 [R, I], float32 scales [R, I / 128] M-major)
     of silu(gate) * up, on the rows that hold a slot (seg_end, end from moe_segments); the padding rows after each
     expert's slots are not computed (a grouped GEMM reads them as its tile's spare rows, whose outputs nothing uses)."""
     r, inter = h.shape[0], h.shape[1] // 2
     q = torch.empty((r, inter), dtype=torch.float8_e4m3fn, device=h.device)
     s = torch.empty((inter // GROUP_K, r), dtype=torch.float32, device=h.device).t()
     _silu_mul_quant_kernel[(r // SILU_ROWS, inter // GROUP_K)](
-        h, q, s, seg_end, end, seg_end.numel(), inter, h.stride(0), q.stride(0), s.stride(1), ROWS=SILU_ROWS,
+        h, q, s, seg_end, end, seg_end.numel(), inter, h.stride(0), q.stride(0), s.stride(1), UP_FIRST=int(up_first),
+        ROWS=SILU_ROWS,
         BLOCK=GROUP_K, BINS=triton.next_power_of_2(seg_end.numel()), num_warps=4,
     )
     return q, s

@@ -31,8 +31,8 @@ Patches:
   ``success: false`` with the error naming the tensor.
 - ``moe_config.tuned``: SGLang 0.5.10.post1 ships no Triton fused-MoE tile configs for the Triton it
   runs with (3.6) and falls back to configs tuned for Triton 3.2. Where this package ships a config
-  measured on the GPU for the running Triton (``sglang_mxfp8/moe_configs/``, made by
-  ``benchmarks/kernels/tune_moe.py``), it is used instead; a config SGLang ships for the running
+  measured on the GPU for the running Triton (``sglang_mxfp8/moe_configs/``: a tile sweep of SGLang's
+  block-FP8 fused MoE on the H200; SGLang's own ``tuning_fused_moe_triton.py`` writes such files), it is used instead; a config SGLang ships for the running
   Triton, ``SGLANG_MOE_CONFIG_DIR``, deterministic inference and launches that are not MXFP8 keep
   SGLang's choice.
 - ``model_runner.tensor_update_postprocess``: SGLang (0.5.10.post1 to 0.5.23) runs no post-load processing after
@@ -46,7 +46,6 @@ Patches:
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import json
 import logging
@@ -57,11 +56,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Dict, List, Optional
 
-from .. import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG, error_line
+from .. import SUPPORTED_SGLANG, error_line
 from ..format import checkpoint
 from ..kernels import registry
 from ..kernels.base import Mxfp8ConfigError, Plan, with_jit_modules
 from ..kernels.jit_builds import LAUNCHER_ENV
+from .compat import (MOVED, sglang_version, check_tested_range, served_args, sglang_module,  # noqa: F401
+                     sglang_object, warn_if_untested)
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -72,113 +73,6 @@ KEPT: Dict[str, str] = {}  # patch name -> why SGLang's own piece is used instea
 
 class PatchTargetMissing(RuntimeError):
     """This SGLang lacks what a patch replaces, so MXFP8 checkpoints cannot be served on it (one line)."""
-
-
-@functools.lru_cache(maxsize=None)
-def _sglang_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sglang")
-    except Exception:  # noqa: BLE001 - any failure means "unknown"
-        return "unknown"
-
-
-# Patch targets SGLang moved between releases: where each is, oldest first (the first this SGLang has is used).
-MOVED = {
-    "moe_config": (  # <= 0.5.10.post1 | >= 0.5.11
-        "sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config",
-        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config",
-    ),
-    "piecewise_graph_flag": (  # <= 0.5.11 | >= 0.5.14
-        "sglang.srt.compilation.piecewise_context_manager:is_in_piecewise_cuda_graph",
-        "sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph.context_manager"
-        ":is_in_tc_piecewise_cuda_graph",
-    ),
-    "moe_align_block_size": (  # <= 0.5.10.post1 | >= 0.5.11
-        "sglang.srt.layers.moe.fused_moe_triton.moe_align_block_size:moe_align_block_size",
-        "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size:moe_align_block_size",
-    ),
-    "fused_experts": (  # SGLang's Triton fused MoE, for the benchmarks' BF16 baseline: <= 0.5.10.post1 | >= 0.5.11
-        "sglang.srt.layers.moe.fused_moe_triton.fused_moe:outplace_fused_experts",
-        "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe:outplace_fused_experts",
-    ),
-    "weight_updates": (  # ModelRunner's methods <= 0.5.14 | a WeightUpdater of its own >= 0.5.17
-        "sglang.srt.model_executor.model_runner:ModelRunner",
-        "sglang.srt.model_executor.model_runner_components.weight_updater:WeightUpdater",
-    ),
-}
-
-
-def sglang_module(*names: str) -> Optional[ModuleType]:
-    """The first of ``names`` this SGLang has, or None; a module that exists but fails to import raises."""
-    for name in names:
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if not (e.name and (name == e.name or name.startswith(e.name + "."))):
-                raise
-    return None
-
-
-@functools.lru_cache(maxsize=None)
-def sglang_object(what: str, has: str = ""):
-    """The first ``module:attribute`` of ``MOVED[what]`` this SGLang has (with an attribute ``has``, if given); looked up
-    once per process (kernels call it per launch, and a failed import searches the whole path)."""
-    for location in MOVED[what]:
-        module_name, attr = location.split(":")
-        obj = getattr(sglang_module(module_name), attr, None)
-        if obj is not None and (not has or hasattr(obj, has)):
-            return obj
-    raise ImportError(f"found none of {', '.join(MOVED[what])}" + (f" with {has}" if has else ""))
-
-
-def served_args():
-    """The server arguments in effect in this process, as resolved at launch, or None outside a server. SGLang >= 0.5.20
-    keeps the operator's input on the record and resolution's decisions beside it (``get_global_server_args`` raises
-    there): its resolved view answers."""
-    try:
-        from sglang.srt.arg_groups.model_override_base import resolved_view
-        from sglang.srt.runtime_context import get_server_args
-    except ImportError:
-        from sglang.srt.server_args import get_global_server_args
-
-        try:
-            return get_global_server_args()
-        except ValueError:  # not set: not a server process
-            return None
-    try:
-        args = get_server_args()
-    except (AttributeError, ValueError, RuntimeError):
-        return None
-    return resolved_view(args) if args is not None else None
-
-
-def _release(version: str) -> tuple:
-    """'0.5.10.post1' -> (0, 5, 10, 1): release numbers, then the post-release number (0 for none)."""
-    head, _, post = version.partition(".post")
-    try:
-        return (*(int(x) for x in head.split(".")[:3]), int(post or 0))
-    except ValueError:
-        return ()
-
-
-def check_tested_range(version: Optional[str] = None) -> Optional[str]:
-    """The warning line when ``version`` (this SGLang's by default) is outside the range CI tests, else None."""
-    version = version or _sglang_version()
-    release = _release(version)
-    if release and _release(OLDEST_SGLANG) <= release <= _release(NEWEST_SGLANG):
-        return None
-    return (f"sglang_mxfp8: sglang {version} is outside the tested range {SUPPORTED_SGLANG}; patching it wherever its "
-            "targets exist")
-
-
-@functools.lru_cache(maxsize=None)
-def warn_if_untested() -> None:
-    """Log :func:`check_tested_range`'s line once per process."""
-    line = check_tested_range()
-    if line:
-        logger.warning(line)
 
 
 def _target(owner, attr: str, patch: str):
@@ -193,7 +87,7 @@ def _target(owner, attr: str, patch: str):
 
 def _missing(patch: str, what: str) -> None:
     if patch not in MISSING:
-        MISSING[patch] = (f"sglang_mxfp8 patch {patch!r}: sglang {_sglang_version()} {what} (tested with sglang "
+        MISSING[patch] = (f"sglang_mxfp8 patch {patch!r}: sglang {sglang_version()} {what} (tested with sglang "
                           f"{SUPPORTED_SGLANG}); MXFP8 checkpoints cannot be served on this SGLang, other models run as "
                           "SGLang ships them")
         logger.warning(MISSING[patch])
@@ -254,10 +148,11 @@ class Mxfp8LaunchError(SystemExit):
         self.message = message
 
 
-def validate_launch(args, gpu, settings=None) -> List[Plan]:
+def validate_launch(args, gpu, settings=None, bands: bool = False) -> List[Plan]:
     """Fail before any process is spawned if the flags or a layer of the checkpoint cannot run MXFP8 on ``gpu``: the
-    same plans ``sglang-mxfp8 doctor`` prints (base kernels only: band kernels never make a layer fail). Returns
-    those plans (none where the checkpoint is not an MXFP8 one this package reads)."""
+    same plans ``sglang-mxfp8 doctor`` prints (band kernels never make a layer fail, so they are probed only where
+    ``bands`` asks: which kernels the launch builds depends on them). Returns those plans (none where the checkpoint
+    is not an MXFP8 one this package reads)."""
     try:
         registry.check_flag("linear", gpu, args.fp8_gemm_runner_backend, settings)
         path = Path(args.model_path or "")
@@ -270,7 +165,7 @@ def validate_launch(args, gpu, settings=None) -> List[Plan]:
         tp, ep = getattr(args, "tp_size", 1) or 1, getattr(args, "ep_size", 1) or 1
         try:
             plans = registry.plan_checkpoint(path, gpu, args.fp8_gemm_runner_backend, args.moe_runner_backend, tp, ep,
-                                             settings, bands=False)
+                                             settings, bands=bands)
         except (OSError, ValueError, RuntimeError):  # unreadable weights: SGLang's loader says what is wrong with them
             return []
         for what, plan in plans:
@@ -282,6 +177,7 @@ def validate_launch(args, gpu, settings=None) -> List[Plan]:
 
 
 _BUILDING: Dict[str, subprocess.Popen] = {}  # kernel name -> the build process this launcher started for it
+ANY_BATCH = 1 << 20  # more tokens than any server's batch: every band a plan has
 
 # The server arguments a launch's builds depend on: SGLang's destination name, its option strings (0.5.10.post1 to
 # 0.5.23; tests/test_plugin.py compares with SGLang's own parser), and its default.
@@ -331,7 +227,7 @@ def start_launch_builds() -> Optional[subprocess.Popen]:
         from ..platform import visible_gpu
 
         gpu = visible_gpu()
-        return start_prebuilds(validate_launch(args, gpu)) if gpu is not None else None
+        return start_prebuilds(validate_launch(args, gpu, bands=True)) if gpu is not None else None
     except Mxfp8LaunchError:
         return None
     except Exception as e:  # noqa: BLE001 - the builds then start after SGLang's argument parsing, as without this
@@ -341,13 +237,15 @@ def start_launch_builds() -> Optional[subprocess.Popen]:
 
 
 def start_prebuilds(plans: List[Plan]) -> Optional[subprocess.Popen]:
-    """Start the CPU-only JIT builds of the planned base kernels (FlashInfer modules compiled into its cache) in a
-    process of their own (:mod:`sglang_mxfp8.kernels.jit_builds`), so that they overlap SGLang's start-up and model
-    load instead of following them; kernels this launcher already started are left to that process. The scheduler
-    process loading a module still being built waits on FlashInfer's file lock for it."""
+    """Start the CPU-only JIT builds of the planned kernels that serve some batch (FlashInfer modules compiled into
+    its cache; a base kernel whose batches all went to band kernels runs nothing and needs none) in a process of their
+    own (:mod:`sglang_mxfp8.kernels.jit_builds`), so that they overlap SGLang's start-up and model load instead of
+    following them; kernels this launcher already started are left to that process. The scheduler process loading a
+    module still being built waits on FlashInfer's file lock for it."""
     from ..platform import cuda_arch_list
 
-    names = [k.name for k in with_jit_modules(plan.base for plan in plans) if k.name not in _BUILDING]
+    serving = (e.kernel for plan in plans for e, _, _ in plan.ranges(ANY_BATCH))
+    names = [k.name for k in with_jit_modules(serving) if k.name not in _BUILDING]
     if not names:
         return None
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **{LAUNCHER_ENV: str(os.getpid())})
@@ -376,7 +274,7 @@ def moe_kernel_config(args, stock: Callable[[], None], stock_unquantized: Callab
 
     gpu = visible_gpu()
     if gpu is not None:
-        start_prebuilds(validate_launch(args, gpu))
+        start_prebuilds(validate_launch(args, gpu, bands=True))
     if not _keeps_our_moe_backend(args, gpu):
         return stock()
     # SGLang's MXFP8 rewrite and its ModelOpt-only flashinfer_cutlass assert describe its own

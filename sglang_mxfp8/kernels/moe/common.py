@@ -70,6 +70,10 @@ class BlockScaleExperts(MoEKernel):
     scale_rows = 128
 
     def create_buffers(self, layer, spec, state):
+        """The base kernel's converters (it runs first); a band kernel of this family reads the same ones."""
+        if hasattr(state, "w13"):
+            return
+        state.up_first = self.up_proj_first  # the w13 order every kernel of the plan reads
         dev = layer.w13_weight.device
         state.w13 = BlockScaleConverter(spec.experts, layer.w13_weight.shape[1], spec.hidden, 128, dev, f"{spec.name}.w13")
         state.w2 = BlockScaleConverter(spec.experts, spec.hidden, spec.intermediate, 128, dev, f"{spec.name}.w2")

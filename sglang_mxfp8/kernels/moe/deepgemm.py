@@ -23,9 +23,9 @@ class DeepGemmGroupedMoE:
     def __init__(self, experts: int, hidden: int, intermediate: int):
         self.experts, self.hidden = experts, hidden
 
-    def __call__(self, x, topk_weights, topk_ids, w13, w2, w13_block_scale, w2_block_scale, keep=None) -> torch.Tensor:
-        """``keep``: a dict that receives each step as a zero-argument call on this call's operands, and the
-        segments' padded ends (seg_end), for benchmarks/kernels/bench_deepgemm_moe.py to time the steps alone."""
+    def __call__(self, x, topk_weights, topk_ids, w13, w2, w13_block_scale, w2_block_scale,
+                 up_first: bool = False) -> torch.Tensor:
+        """``up_first``: w13 holds [up; gate] (as FlashInfer's fused MoE loads it)."""
         from ...ops.triton_sm90 import SEGMENT_ALIGN, moe_gather, moe_scatter_quant, moe_segments, silu_mul_quant
 
         deep_gemm = platform.load_deep_gemm()
@@ -38,18 +38,10 @@ class DeepGemmGroupedMoE:
         h = torch.empty((rows, w13.shape[1]), dtype=x.dtype, device=x.device)
         up = ((a, a_scale), (w13, w13_block_scale), h, ends)
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*up, **per_expert)
-        a2, a2_scale = silu_mul_quant(h, seg_end, ends)
+        a2, a2_scale = silu_mul_quant(h, seg_end, ends, up_first)
         y = torch.empty((rows, self.hidden), dtype=x.dtype, device=x.device)
         down = ((a2, a2_scale), (w2, w2_block_scale), y, ends)
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*down, **per_expert)
-        if keep is not None:
-            keep.update(seg_end=seg_end, steps=dict(
-                segments=lambda: moe_segments(topk_ids, self.experts),
-                segments_scatter_quantize=lambda: moe_scatter_quant(x, topk_ids, moe_segments(topk_ids, self.experts)[0], rows),
-                gemm_up=lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*up, **per_expert),
-                silu_quantize=lambda: silu_mul_quant(h, seg_end, ends),
-                gemm_down=lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous(*down, **per_expert),
-                gather=lambda: moe_gather(y, slots, topk_weights)))
         return moe_gather(y, slots, topk_weights)
 
 
@@ -60,6 +52,7 @@ class DeepGemmPrefillMoE(MoEKernel):
     title = "DeepGEMM m_grouped_fp8_gemm_nt_contiguous with our Triton glue"
     archs = ("sm90",)
     scale_rows = 128
+    any_w13_order = True
 
     def missing(self, gpu) -> Optional[str]:
         """deep_gemm does not import, or its build lacks the per-expert end-row ("psum") layout of the contiguous
@@ -84,7 +77,7 @@ class DeepGemmPrefillMoE(MoEKernel):
 
     def experts(self, layer, state, x, topk_weights, topk_ids):
         return state.deepgemm(x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight, state.w13.block_scale,
-                              state.w2.block_scale)
+                              state.w2.block_scale, up_first=state.up_first)
 
     def precompile(self, layer, state, min_m, max_m):
         """One batch per tile config the two grouped GEMMs can pick for min_m..max_m tokens."""

@@ -47,9 +47,9 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
     built into FlashInfer's cache once and reused after: at launch, in the background, and waited for at its first
     call (the load's precompile, else the first forward), so that the weights load and the other kernels compile
     meanwhile. Reads the same converted weights as the Triton MoE (128x128 power-of-two block scales), w13 as
-    [up; gate]; quantizes the activations per 1x128 group itself. Runs where --moe-runner-backend flashinfer_cutlass
-    asks for it, not under auto: on the H200 it measured 0.55-0.87x the speed of SGLang's Triton MoE
-    (benchmarks/RESULTS.md)."""
+    [up; gate]; quantizes the activations per 1x128 group itself. The base where --moe-runner-backend
+    flashinfer_cutlass asks for it, not under auto: on the H200 it measured 0.55-0.87x the speed of SGLang's Triton
+    MoE, so band kernels that read its w13 order take the batches where they measured faster (the registry)."""
 
     name = "flashinfer_cutlass_moe_sm90"
     title = "FlashInfer cutlass_fused_moe, DeepSeek FP8 block scales (trimmed SM90 build)"

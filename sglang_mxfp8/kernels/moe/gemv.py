@@ -12,6 +12,7 @@ class GemvMoE(MoEKernel):
     title = "two-launch GEMV MoE"
     archs = ("sm90",)
     scale_rows = 128
+    any_w13_order = True
 
     def __init__(self, shapes):
         self.shapes = frozenset(shapes)  # (hidden, intermediate per rank)
@@ -26,4 +27,4 @@ class GemvMoE(MoEKernel):
         from ...ops.triton_sm90 import moe_gemv
 
         return moe_gemv(x, layer.w13_weight, state.w13.block_scale, layer.w2_weight, state.w2.block_scale,
-                        topk_weights, topk_ids)
+                        topk_weights, topk_ids, up_first=state.up_first)

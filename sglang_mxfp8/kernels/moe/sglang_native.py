@@ -1,17 +1,17 @@
 from __future__ import annotations
 
 from ... import platform
-from ..base import MoEKernel
+from ..base import NativeKernel
 from .common import size_refusal
 
 
-class SglangNativeMoE(MoEKernel):
+class SglangNativeMoE(NativeKernel):
     """SGLang's own MXFP8 MoE runner for one ``--moe-runner-backend`` value (flashinfer_trtllm(_routed), cutlass):
     SGLang's method runs the layer; this package only picks it."""
 
     title = "SGLang's own MXFP8 MoE runner"
     archs = ("sm100",)
-    native = True
+    up_proj_first = False  # SGLang's own method loads its weights
 
     def __init__(self, runner: str):
         self.runner = runner

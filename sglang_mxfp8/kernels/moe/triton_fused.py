@@ -27,3 +27,11 @@ class TritonFusedMoE(BlockScaleExperts):
             w13_weight=layer.w13_weight, w2_weight=layer.w2_weight, use_fp8_w8a8=True,
             w13_scale=state.w13.block_scale, w2_scale=state.w2.block_scale, block_shape=[128, 128])
         return state.runner.run(dispatch_output, quant_info)
+
+    def experts(self, layer, state, x, topk_weights, topk_ids):
+        """The same fused MoE called directly (what the runner runs, without SGLang's dispatch objects)."""
+        from ...sglang.compat import sglang_object
+
+        return sglang_object("fused_experts")(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids,
+                                              use_fp8_w8a8=True, w1_scale=state.w13.block_scale,
+                                              w2_scale=state.w2.block_scale, block_shape=[128, 128])
