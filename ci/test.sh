@@ -41,7 +41,7 @@ run_pytest() {  # pytest's exit status, with "collected nothing" (5) as a failur
 }
 echo "ci/test.sh: all tests, sglang $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
 run_pytest "$VENV/bin/python" -m pytest -q tests "$@" || rc=$?
-SGLANG_TESTS=$(grep -l "sglang\.srt\|sglang_mxfp8\.sglang\|import sglang\|run_python\|set_server_args\|mxfp8_linear" tests/test_*.py)
+SGLANG_TESTS=$(grep -l "sglang\.bench_serving\|sglang\.srt\|sglang_mxfp8\.sglang\|import sglang\|run_python\|set_server_args\|mxfp8_linear" tests/test_*.py)
 echo "ci/test.sh: tests that touch SGLang, sglang $(PYTHONPATH=$NEWEST "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
 PYTHONPATH=$NEWEST run_pytest "$VENV/bin/python" -m pytest -q $SGLANG_TESTS "$@" || rc=$?
 exit "${rc:-0}"

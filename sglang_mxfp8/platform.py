@@ -113,7 +113,7 @@ def load_deep_gemm() -> ModuleType:
     """``deep_gemm``, imported after FlashInfer's GEMM module. On the H200 a process that loaded deep_gemm before
     FlashInfer (or SGLang's FP8 layers, which import it) died with a segmentation fault in DeepGEMM's first kernel
     compile, inside the std::regex of its include parser; loaded after either, the same GEMM ran
-    (benchmarks/RESULTS.md, "DeepGEMM's dense GEMM for prefill batches"). Where deep_gemm is not installed it fails
+    (seen on the H200). Where deep_gemm is not installed it fails
     at once, without FlashInfer's import (seconds on a CPU-only machine running doctor)."""
     if "deep_gemm" not in sys.modules and importlib.util.find_spec("deep_gemm") is None:
         raise ModuleNotFoundError("No module named 'deep_gemm'", name="deep_gemm")

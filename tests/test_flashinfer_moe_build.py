@@ -2,7 +2,7 @@
 FlashInfer's real sources and JIT spec, in a fresh process with FlashInfer's cache in a temporary folder (its JIT
 spec factory needs a target architecture named: FLASHINFER_CUDA_ARCH_LIST=9.0a). Where this machine has nvcc, the
 runner's sources are compiled with FlashInfer's own ninja rule and their symbols compared; the module's build, link
-and numbers are timed and run on the GPU (benchmarks/run_h200.sh fi-moe, jit-build)."""
+and numbers are timed and run on the GPU (tests/gpu, sglang-mxfp8 bench)."""
 
 import json
 import re

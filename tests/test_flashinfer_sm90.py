@@ -1,7 +1,7 @@
 """The tile-config enumeration behind precompiling FlashInfer's SM90 block-scale GEMM.
 
 The facts checked against: the kernels an H200 profile of the served Qwen3-30B-A3B-shaped model ran
-at batch 1 (benchmarks/RESULTS.md, e2e): ``deep_gemm::fp8_gemm_kernel_swapAB<2048, 4096, 128, 16, 128,
+at batch 1 (an H200 profile of a served step): ``deep_gemm::fp8_gemm_kernel_swapAB<2048, 4096, 128, 16, 128,
 1, 8, ...>`` and ``<5120, 2048, 128, 16, 128, 1, 8, ...>`` (N, K, block M, block N, block K, groups,
 stages). tests/gpu checks the whole enumeration against the kernels FlashInfer compiles.
 """

@@ -128,50 +128,6 @@ def test_platinum_without_local_file_says_why():
         bench.main(["--platinum", "--num-questions", "2"])
 
 
-class _PeerServer:
-    """Stands in for sglang_mxfp8.cli.serving.Server (no SGLang server runs on CPU): the gsm8k test peer."""
-
-    def __init__(self, name, ckpt, flags, port, log_dir, text=False):
-        self.name, self.port, self.cmd = name, port, f"peer {ckpt} {flags}".strip()
-        fail = ["4"] if ckpt == "fails_q4" else []
-        self.proc = None if ckpt == "broken" else subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/gsm8k_test_peer.py"), str(port), *fail])
-
-    def wait(self, timeout=400):
-        if self.proc is None:
-            raise RuntimeError(f"[{self.name}] exited 1; tail:\nloading\nValueError: model.layers.0.mlp: bad scale\n")
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-
-    def stop(self):
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait()
-
-
-def test_run_accuracy_tables_servers_and_differences(tmp_path, monkeypatch, capsys):
-    import runpy
-
-    import sglang_mxfp8.cli.serving
-
-    monkeypatch.setattr(sglang_mxfp8.cli.serving, "Server", _PeerServer)
-    monkeypatch.setattr(sys, "argv", [
-        "run_accuracy.py", "--out", str(tmp_path), "--port", str(_free_port()),
-        "--serve", "ref=good", "--serve", "mx=fails_q4:--fp8-gemm-backend triton", "--serve", "dead=broken",
-        "--compare", "ref,mx", "--compare", "ref,dead", "--", "--num-questions", "40", "--num-shots", "2",
-        "--retries", "0"])
-    runpy.run_path(str(ROOT / "benchmarks/accuracy/run_accuracy.py"), run_name="__main__")
-    table = (tmp_path / "accuracy.md").read_text().splitlines()
-    assert table[2].startswith("| ref | 0.500 | 0.250 |") and table[2].endswith("| 0 | `peer good` |")
-    assert table[3].startswith("| mx | 0.475 | 0.275 |") and "| 1 | `peer fails_q4 --fp8-gemm-backend triton` |" in table[3]
-    assert table[4] == "| dead | did not start: ValueError: model.layers.0.mlp: bad scale | | | | | `peer broken` |"
-    assert table[8].startswith("| mx vs ref | 1 of 40 | -2.5 | ") and len(table) == 9  # no row for a server that did not start
-
-
 def test_server_refuses_a_port_already_serving():
     """A leftover server on the port would answer health checks meant for ours."""
     from sglang_mxfp8.cli.serving import Server

@@ -3,7 +3,7 @@
 SGLang's ``fused_moe_triton`` package imports sgl_kernel (no CPU build), so its config module is
 loaded here from its file; the GPU name and Triton version are those of the H200 image the configs
 were measured on (this machine has no GPU and another Triton). The wiring inside a real server is
-shown by the e2e run's server log (benchmarks/RESULTS.md).
+shown by a served run's server log (``Using MoE kernel config from ...``).
 """
 
 import importlib.util

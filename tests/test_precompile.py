@@ -49,7 +49,7 @@ def test_deepgemm_precompile_runs_one_batch_per_tile_bucket(min_m, max_m):
 
 def test_deep_gemm_is_loaded_after_flashinfer():
     """A process that loads deep_gemm before FlashInfer dies in DeepGEMM's first compile on the H200 (segmentation
-    fault, benchmarks/RESULTS.md); platform.load_deep_gemm() imports FlashInfer's GEMM module first. Checked in a fresh
+    fault); platform.load_deep_gemm() imports FlashInfer's GEMM module first. Checked in a fresh
     process (a stand-in deep_gemm module: only the order is under test here)."""
     pytest.importorskip("flashinfer")
     code = ("import sys, types\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
@@ -47,6 +48,10 @@ def startup_hook_status() -> str:
 def doctor(args) -> int:
     from ..platform import as_on_a_server, visible_gpu
 
+    if getattr(args, "markdown", False):
+        print(registry_markdown())
+        return 0
+
     gpu = gpu_from_arg(args.gpu)
     if gpu is not None and gpu != visible_gpu():  # another machine's server: the libraries SGLang brings there
         with as_on_a_server():
@@ -79,6 +84,9 @@ def report(args, gpu: Optional[GpuSpec]) -> int:
 
 def checkpoint_report(ckpt: Path, gpu: Optional[GpuSpec], args) -> int:
     """The checkpoint's format and, for ``gpu``, each layer kind's plan; 1 where a layer cannot run."""
+    if not ckpt.exists():
+        print(f"{ckpt}: no such folder; pass the checkpoint's folder (config.json and *.safetensors)")
+        return 1
     if not (ckpt / "config.json").is_file():
         print(f"{ckpt}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)")
         return 1
@@ -99,9 +107,35 @@ def checkpoint_report(ckpt: Path, gpu: Optional[GpuSpec], args) -> int:
         print(f"  at --tp {tp}" + (f" --ep-size {ep}" if ep > 1 else "") + ": kernels chosen on one rank's shard")
     status = 0
     for what, plan in registry.plan_checkpoint(ckpt, gpu, args.fp8_gemm_backend, args.moe_runner_backend, tp, ep):
+        print(f"  {what}")
         if isinstance(plan, str):
-            print(f"  {what}: ERROR {plan}")
+            print("\n".join(textwrap.wrap(f"ERROR {plan}", 100, initial_indent="    ", subsequent_indent="      ")))
             status = 1
         else:
-            print(f"  {what}: {plan.explain(with_spec=False)}")
+            print("\n".join(plan.table()))
+    if fmt.ignored:
+        kept = ", ".join(fmt.ignored[:4]) + (f", ... ({len(fmt.ignored)} in all)" if len(fmt.ignored) > 4 else "")
+        print("\n".join(textwrap.wrap(f"BF16 (modules_to_not_convert; SGLang's own unquantized kernels): {kept}", 100,
+                                      initial_indent="  ", subsequent_indent="    ")))
     return status
+
+
+def registry_markdown() -> str:
+    """The kernel registry as the README's table: per GPU architecture, layer kind and flag, the base kernel (and its
+    fallback) and the band kernels beside it."""
+    names = {"sm90": "Hopper (SM90)", "sm100": "Blackwell (SM100/103/107)", "sm110": "SM110", "sm120": "SM120/121"}
+    lines = ["| GPU | layer | flag | base kernel (fallback) | band kernels beside it |", "|---|---|---|---|---|"]
+    for arch, kinds in registry.REGISTRY.items():
+        for kind, table in kinds.items():
+            flags_of = {}
+            for flag, bases in table.bases.items():
+                flags_of.setdefault(bases, []).append(flag)
+            for bases, flags in flags_of.items():
+                base = bases[0].kernel
+                others = [e.kernel.name for e in bases[1:]]
+                bands = [f"{e.kernel.name} ({e.band()})" for e in table.bands
+                         if e.with_base in (None, base.name) and e.kernel.layout_mismatch(base) is None]
+                lines.append(f"| {names[arch]} | {'dense' if kind == 'linear' else 'MoE'} | {', '.join(flags)} | "
+                             f"{base.name}" + (f" ({', '.join(others)})" if others else "") + f" | "
+                             f"{', '.join(bands) or '-'} |")
+    return "\n".join(lines)

@@ -75,17 +75,19 @@ def for_this_sglang(argv: list, known=None) -> list:
 
 
 class Server:
-    def __init__(self, name, ckpt, flags, port, log_dir, text=False, env=None):
+    def __init__(self, name, ckpt, flags, port, log_dir, text=False, env=None, base=BASE_FLAGS):
         """``text``: load the checkpoint's tokenizer (default: input_ids only, --skip-tokenizer-init);
-        ``env``: variables set for the server on top of this process's environment."""
+        ``env``: variables set for the server on top of this process's environment; ``base``: the flags ``flags``
+        add to (default: quick starts on a small model; the benchmarks pass SGLang's defaults, "")."""
         self.name, self.ckpt, self.port = name, ckpt, port
         with socket.socket() as sock:  # else wait() would take a leftover server's answers for ours
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 raise RuntimeError(f"[{name}] port {port} already has a server (left over from an earlier run?); "
                                    "stop it or pick another port")
         self.log = Path(log_dir) / f"server_{name}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", ckpt, "--port", str(port)]
-        base = BASE_FLAGS.replace(" --skip-tokenizer-init", "") if text else BASE_FLAGS
+        base = base.replace(" --skip-tokenizer-init", "") if text else base
         cmd += for_this_sglang(launch_flags(base, flags))
         self.cmd = " ".join([f"{k}={v}" for k, v in (env or {}).items()] + cmd)
         print(f"[{name}] {self.cmd}", flush=True)

@@ -4,12 +4,13 @@ Quantized: every 2-D ``*.weight`` whose K (last dim) is a multiple of 32, except
 lm_head, norms, routers/gates and MTP/indexer projections (the same rule as miles'
 ``convert_hf_to_mxfp8.py``). Written as e4m3 ``weight`` plus uint8 ``weight_scale_inv`` [N, K/32].
 Shards are streamed one at a time and tensors quantized a few rows at a time: the working set is
-about one input shard plus its output (1.6x a 256 MiB shard measured, benchmarks/RESULTS.md).
+about one input shard plus its output (1.6x a 256 MiB shard, measured).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterable, List, Sequence
 
 import torch
 from safetensors import safe_open
@@ -53,12 +54,78 @@ def should_quantize(name: str, t: torch.Tensor) -> bool:
     )
 
 
-def quantize_in_chunks(t: torch.Tensor, rounding: ScaleRounding, rows: int = 1024):
-    """quantize_mxfp8 a few rows at a time, so float32 temporaries stay small next to the shard."""
+LAYER = re.compile(r"^(.*\.layers)\.(\d+)\.")
+FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # SGLang serves each group as one weight
+
+
+class KeepBf16:
+    """The layers ``--keep-bf16`` keeps BF16: a module name or glob (``lm_head``, ``model.layers.0.*``), or
+    ``first:N`` / ``last:N``, the first or last N decoder layers. A module matches a pattern that names it, a
+    parent of it, or globs it."""
+
+    def __init__(self, patterns: Sequence[str], names: Iterable[str], num_layers: int = 0):
+        names = list(names)
+        prefixes = sorted({m.group(1) for m in map(LAYER.match, names) if m})
+        globs = []
+        for pattern in patterns:
+            kind, _, count = pattern.partition(":")
+            if kind in ("first", "last") and count:
+                if not count.isdigit() or not prefixes or not num_layers:
+                    raise ConvertError(f"--keep-bf16 {pattern}: needs N >= 0 and a model with numbered decoder layers "
+                                       "(num_hidden_layers in config.json)")
+                n = min(int(count), num_layers)
+                layers = range(n) if kind == "first" else range(num_layers - n, num_layers)
+                globs += [f"{prefix}.{i}" for prefix in prefixes for i in layers]
+            else:
+                globs.append(pattern.rstrip("."))
+        self.globs = tuple(globs)
+        self.patterns = tuple(patterns)
+        unmatched = [p for p, g in zip(patterns, globs) if ":" not in p and not any(self._match(n, (g,)) for n in names)]
+        if unmatched:
+            raise ConvertError(f"--keep-bf16 {unmatched[0]}: matches no tensor of the checkpoint")
+
+    @staticmethod
+    def _match(name: str, globs: Sequence[str]) -> bool:
+        module = name.rsplit(".", 1)[0]
+        parts = module.split(".")
+        parents = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        return any(fnmatch.fnmatchcase(p, g) for g in globs for p in parents)
+
+    def keeps(self, name: str) -> bool:
+        return bool(self.globs) and self._match(name, self.globs)
+
+    def check(self, quantizable: Iterable[str]) -> None:
+        """Refuse a split SGLang cannot serve: some of a fused q/k/v or gate/up kept, or some experts of a MoE
+        layer (SGLang runs all experts of a layer as one fused MoE, in one dtype)."""
+        kept, quantized = set(), set()
+        for name in quantizable:
+            (kept if self.keeps(name) else quantized).add(name.rsplit(".", 1)[0])
+        for module in sorted(kept):
+            parent, leaf = module.rsplit(".", 1) if "." in module else ("", module)
+            if ".experts." in module:
+                layer = module.split(".experts.")[0] + ".experts."
+                other = next((q for q in quantized if q.startswith(layer)), None)
+                if other:
+                    raise ConvertError(f"--keep-bf16 keeps {module} but not {other}: SGLang runs a layer's experts as "
+                                       f"one fused MoE in one dtype; keep all of {layer[:-1]} or none")
+                continue
+            for group in FUSED_SIBLINGS:
+                if leaf in group:
+                    other = next((f"{parent}.{s}" for s in group if f"{parent}.{s}" in quantized), None)
+                    if other:
+                        raise ConvertError(f"--keep-bf16 keeps {module} but not {other}: SGLang serves "
+                                           f"{' + '.join(group)} as one weight; keep them together")
+
+
+def quantize_in_chunks(t: torch.Tensor, rounding: ScaleRounding, rows: int = 1024, device=None):
+    """quantize_mxfp8 a few rows at a time, so float32 temporaries stay small next to the shard; on ``device`` (e.g. a
+    GPU) where given: the same numbers, in pure torch, faster."""
     q = torch.empty(t.shape, dtype=torch.float8_e4m3fn)
     s = torch.empty((t.shape[0], t.shape[1] // MX_BLOCK), dtype=torch.uint8)
     for r0 in range(0, t.shape[0], rows):
-        q[r0 : r0 + rows], s[r0 : r0 + rows] = quantize_mxfp8(t[r0 : r0 + rows], rounding)
+        chunk = t[r0 : r0 + rows] if device is None else t[r0 : r0 + rows].to(device)
+        qc, sc = quantize_mxfp8(chunk, rounding)
+        q[r0 : r0 + rows], s[r0 : r0 + rows] = qc.cpu(), sc.cpu()
     return q, s
 
 
@@ -121,11 +188,15 @@ def _check_output(src: Path, dst: Path, force: bool) -> None:
 
 
 def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: ScaleRounding = "ceil",
-            progress: bool = True) -> ConvertReport:
+            progress: bool = True, device=None, keep_bf16: Sequence[str] = ()) -> ConvertReport:
     """Convert checkpoint ``src`` into ``dst``. The input is only read. The output is written into a temporary folder
     beside ``dst`` and renamed into place once complete and validated, so an interrupted conversion leaves no folder
-    that looks like a checkpoint; ``force`` replaces an earlier conversion (a folder holding our marker) only."""
+    that looks like a checkpoint; ``force`` replaces an earlier conversion (a folder holding our marker) only. The
+    written files follow the user's umask, as every other tool's that writes a checkpoint. ``keep_bf16``: patterns
+    of layers left BF16 (:class:`KeepBf16`), listed in ``modules_to_not_convert``."""
     src, dst = Path(src), Path(dst)
+    if not src.exists():
+        raise ConvertError(f"{src}: no such folder; pass a Hugging Face checkpoint folder")
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise ConvertError(f"{src}: no config.json; pass a Hugging Face checkpoint folder")
@@ -136,17 +207,43 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
         raise ConvertError(f"{src}: already quantized ({config['quantization_config'].get('quant_method')}); pass the BF16 checkpoint")
     _check_output(src, dst, force)
     shards = _shards(src)
+    headers = _headers(src, shards)
+    keep = KeepBf16(keep_bf16, headers, (config.get("text_config") or config).get("num_hidden_layers", 0))
+    keep.check(name for name, quantized in headers.items() if quantized)
     dst.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
     try:
-        report = _write(src, work, shards, config, rounding, progress)
+        report = _write(src, work, shards, config, rounding, progress, device, keep)
         (work / MARKER).write_text(json.dumps({"converted_by": f"sglang_mxfp8 {__version__}", "source": str(src.resolve()),
-                                               "rounding": rounding}, indent=2))
+                                               "rounding": rounding, "keep_bf16": list(keep.patterns)}, indent=2))
+        follow_umask(work)
         _replace(work, dst)
     finally:
         if work.exists():
             shutil.rmtree(work)
     return report
+
+
+def _headers(src: Path, shards: List[str]) -> Dict[str, bool]:
+    """{tensor name: whether the converter quantizes it} from the shards' headers (no tensor read)."""
+    found = {}
+    for shard in shards:
+        with open_shard(src / shard) as f:
+            for name in f.keys():
+                t = f.get_slice(name)
+                shape = t.get_shape()
+                found[name] = (name.endswith(".weight") and len(shape) == 2 and t.get_dtype() in ("BF16", "F16", "F32")
+                               and shape[-1] % MX_BLOCK == 0 and not SKIP.search(name))
+    return found
+
+
+def follow_umask(folder: Path) -> None:
+    """Give ``folder`` and its files the modes of the user's umask (a temporary folder is created owner-only)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for path in folder.iterdir():
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _replace(work: Path, dst: Path) -> None:
@@ -162,7 +259,9 @@ def _replace(work: Path, dst: Path) -> None:
         shutil.rmtree(old)
 
 
-def _write(src: Path, dst: Path, shards: List[str], config: Dict, rounding: ScaleRounding, progress: bool) -> ConvertReport:
+def _write(src: Path, dst: Path, shards: List[str], config: Dict, rounding: ScaleRounding, progress: bool,
+           device=None, keep: KeepBf16 = None) -> ConvertReport:
+    keep = keep or KeepBf16((), ())
     report = ConvertReport()
     weight_map: Dict[str, str] = {}
     not_converted = set()
@@ -173,8 +272,8 @@ def _write(src: Path, dst: Path, shards: List[str], config: Dict, rounding: Scal
                 for name in f.keys():
                     t = f.get_tensor(name)
                     report.bytes_in += t.numel() * t.element_size()
-                    if should_quantize(name, t):
-                        q, s = quantize_in_chunks(t, rounding)
+                    if should_quantize(name, t) and not keep.keeps(name):
+                        q, s = quantize_in_chunks(t, rounding, device=device)
                         if bool((s == E8M0_NAN).any()):  # quantize_mxfp8 marks blocks holding NaN/Inf
                             raise ConvertError(f"{src / shard}: tensor {name} holds NaN/Inf; fix the checkpoint before converting")
                         out[name] = q

@@ -5,7 +5,7 @@ Both compile one kernel per tile config the first time the config is used: Flash
 (csrc/nv_internal/tensorrt_llm/deep_gemm/compiler.cuh) runs nvcc on a generated source and keeps the cubin in
 its cache folder ($TRTLLM_DG_CACHE_DIR/cache, else ~/.tensorrt_llm/cache), where later processes read it back.
 The config follows from M (the tokens in the batch) by DeepGEMM's wave heuristic: a prefill batch whose M selects a
-config not compiled yet stalls the server while it compiles (3 s stalls seen on the H200, benchmarks/RESULTS.md).
+config not compiled yet stalls the server while it compiles (3 s stalls seen on the H200).
 :func:`configs_for` lists every config a layer shape can select up to the largest batch the server runs, so the
 kernel runs each once at load; :func:`compile_tile_configs` compiles those not in the cache yet with concurrent
 nvcc processes first (FlashInfer compiles one after another), writing each where FlashInfer's JIT looks for it.

@@ -7,7 +7,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
-    reason="needs a Hopper (SM90) GPU; run bash benchmarks/run_h200.sh on an H100/H200",
+    reason="needs a Hopper (SM90) GPU; run python -m pytest tests/gpu on an H100/H200",
 )
 
 from sglang_mxfp8 import platform  # noqa: E402

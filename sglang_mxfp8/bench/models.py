@@ -1,0 +1,87 @@
+"""The checkpoints the served routines compare: a BF16 model and its MXFP8 conversion.
+
+Either the user's (``--model``: a BF16 Hugging Face checkpoint, converted here once; or an MXFP8 one with its BF16
+twin, ``--bf16-model``), or a generated Qwen3-30B-A3B-shaped model of ``--layers`` layers with random weights and a
+word-level tokenizer over its whole vocabulary (SGLang's ``bench_serving`` needs one; every token id decodes to a
+non-empty word, so streamed output counts every token). Both are cached under the work folder and reused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+# Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts of intermediate 768, top-8; 32 query and 4 key/value heads)
+QWEN3_30B_A3B = dict(hidden=2048, moe_intermediate=768, experts=128, top_k=8, heads=32, kv_heads=4, head_dim=128,
+                     vocab=151936)
+
+
+class ModelError(ValueError):
+    """A --model / --bf16-model the served routines cannot compare (one line)."""
+
+
+@dataclass(frozen=True)
+class ServedPair:
+    bf16: Path
+    mxfp8: Path
+    name: str  # what the rows call the model
+    tokenizer: bool  # a real tokenizer: gsm8k can run
+
+
+def write_word_tokenizer(out: Path, vocab: int) -> None:
+    """A word-level tokenizer whose token i is the word ``t<i>``, for every id of the model's vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", bos_token="t1", eos_token="t2").save_pretrained(out)
+
+
+def _layers_of(ckpt: Path) -> Optional[int]:
+    cfg = ckpt / "config.json"
+    return json.loads(cfg.read_text()).get("num_hidden_layers") if cfg.is_file() else None
+
+
+def generated(root: Path, layers: int, seed: int = 0) -> ServedPair:
+    """A Qwen3-30B-A3B-shaped model of ``layers`` layers (random weights drawn on the GPU) and its MXFP8 conversion
+    (quantized on the GPU, the converter's numbers), written once under ``root`` and reused."""
+    from ..cli.tiny_model import write_qwen3_moe
+    from ..format.convert import convert
+
+    folder = Path(root) / f"qwen3-30b-a3b-shaped-{layers}l-seed{seed}"
+    bf16, mx = folder / "bf16", folder / "mxfp8"
+    if _layers_of(bf16) != layers or not (bf16 / "tokenizer.json").is_file():
+        print(f"bench: writing a random Qwen3-30B-A3B-shaped model of {layers} layers to {bf16}", flush=True)
+        write_qwen3_moe(bf16, seed=seed, layers=layers, device="cuda", **QWEN3_30B_A3B)
+        write_word_tokenizer(bf16, QWEN3_30B_A3B["vocab"])
+    if _layers_of(mx) != layers or (mx.stat().st_mtime < (bf16 / "model.safetensors").stat().st_mtime):
+        print(f"bench: converting it to MXFP8 in {mx}", flush=True)
+        convert(bf16, mx, force=True, device="cuda")
+    return ServedPair(bf16, mx, f"qwen3-30b-a3b-shaped {layers} layers", tokenizer=False)
+
+
+def from_user(model: str, bf16_model: Optional[str], root: Path) -> ServedPair:
+    """The user's checkpoint and its twin: a BF16 checkpoint is converted into ``root`` (once); an MXFP8 one needs
+    ``bf16_model``, the checkpoint it was converted from."""
+    from ..format.checkpoint import detect_checkpoint
+
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"--model {model}: no config.json there; pass a Hugging Face checkpoint folder")
+    tokenizer = any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+    if detect_checkpoint(path) is not None:
+        if not bf16_model or not (Path(bf16_model) / "config.json").is_file():
+            raise ModelError(f"--model {model} is MXFP8: pass the BF16 checkpoint it was converted from as --bf16-model "
+                             "(every figure is MXFP8 against BF16 in the same run)")
+        return ServedPair(Path(bf16_model), path, path.name, tokenizer)
+    from ..format.convert import MARKER, convert
+
+    mx = Path(root) / f"{path.resolve().name}-mxfp8"
+    marker = mx / MARKER
+    if not marker.is_file() or json.loads(marker.read_text()).get("source") != str(path.resolve()):
+        print(f"bench: converting {model} to MXFP8 in {mx}", flush=True)
+        convert(path, mx, force=True)
+    return ServedPair(path, mx, path.name, tokenizer)

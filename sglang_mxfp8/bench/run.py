@@ -1,0 +1,305 @@
+"""``sglang-mxfp8 bench``: the suites, the steps a run takes, its progress line, and where its rows go."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from ..flags import MISSION_FLAGS
+from .layers import LayerOptions
+from .served import ServeOptions, bench_serving_argv
+
+ROUTINES = ("serve", "start", "refit", "accuracy", "layers", "tests")
+SERVED = ("serve", "start", "refit", "accuracy")
+REPO = Path(__file__).resolve().parents[2]  # a clone of the repository: tests/gpu and benchmarks/ beside the package
+# a few minutes of the GPU tests: a dense and a MoE kernel of each Hopper family against float32, CUDA-graph replay
+SMOKE_TESTS = ("test_backend_matches_reference or test_moe_gemv_matches_reference or "
+               "test_cutlass_grouped_moe_matches_reference or test_triton_bias_and_cuda_graph_replay or "
+               "test_flashinfer_moe or test_masked")
+
+
+@dataclass(frozen=True)
+class Suite:
+    routines: Tuple[str, ...]
+    layers: LayerOptions
+    serve: ServeOptions
+    model_layers: int
+    tests: Optional[str]  # pytest -k expression; None: every GPU test
+
+
+SUITES = {
+    # under 10 minutes on one H100 / H200 with the 16-layer model's checkpoints already written (about 2 more to write
+    # them): each server started once on empty caches, the mission's flags against BF16
+    "quick": Suite(ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 16, SMOKE_TESTS),
+    "full": Suite(ROUTINES, LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
+                  ServeOptions(prompts={1: 16, 16: 128, 128: 512}, mx_flags=(MISSION_FLAGS,
+                                                                             "--fp8-gemm-backend auto --moe-runner-backend auto"),
+                               restart=True, cold_refit=True, gsm8k_questions=1319), 16, None),
+}
+
+
+@dataclass
+class Step:
+    name: str
+    estimate_s: float
+    run: Callable[[], None]
+    lines: Sequence[str] = ()  # what --dry-run prints
+
+
+class Progress:
+    """One line per step: which routine runs, how long the run has taken and about how long is left (each step's
+    estimate, scaled by how the steps so far compared with theirs)."""
+
+    def __init__(self, steps: List[Step]):
+        self.total, self.done, self.started = sum(s.estimate_s for s in steps), 0.0, time.monotonic()
+        self.count, self.index = len(steps), 0
+
+    def step(self, what: str) -> None:
+        elapsed = time.monotonic() - self.started
+        rate = elapsed / self.done if self.done > 0 else 1.0
+        left = max(0.0, (self.total - self.done) * rate)
+        print(f"bench [{self.index}/{self.count}] {what} | {_clock(elapsed)} elapsed, about {_clock(left)} left",
+              flush=True)
+
+    def finish(self, step: Step) -> None:
+        self.done += step.estimate_s
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions: int, cached_model: bool) -> float:
+    serve = suite.serve
+    per = 50 + 4.5 * layers  # a first start at this depth
+    if "serve" in routines:
+        per += 12 + sum(8 + -(-serve.prompts.get(c, 2 * c) // c) * (serve.output_len * 0.012 + 0.004 * c)
+                        for c in serve.concurrency)
+    if "refit" in routines:
+        per += serve.refits * (2 + 0.6 * layers) + 20
+    if "start" in routines and serve.restart:
+        per += 30 + 2 * layers
+    return (0 if cached_model else 8 * layers) + per * sessions
+
+
+def gpu_tests(selection: Optional[str], timeout_s: int, record: Callable[[str, dict], None]) -> None:
+    """The repository's GPU tests (tests/gpu, a clone only), ``selection`` as pytest's -k; the counts as a row."""
+    folder = REPO / "tests" / "gpu"
+    if not folder.is_dir():
+        print("bench: tests needs a clone of the repository (tests/gpu); skipped", flush=True)
+        return
+    argv = [sys.executable, "-m", "pytest", "-q", "-rfs", str(folder)] + (["-k", selection] if selection else [])
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+        out = p.stdout
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out += f"\n(stopped after {timeout_s} s)"
+    print("\n".join(out.strip().splitlines()[-12:]), flush=True)
+    counts = {word: int(n) for n, word in _counts(out)}
+    record(shlex.join(argv[1:]), counts)
+
+
+def _counts(pytest_output: str):
+    import re
+
+    last = next((line for line in reversed(pytest_output.splitlines()) if " in " in line and (
+        "passed" in line or "failed" in line or "error" in line)), "")
+    return re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", last)
+
+
+def with_overrides(suite: Suite, args) -> Suite:
+    """The suite with the command line's options applied."""
+    layers = suite.layers
+    if args.sets:
+        layers = replace(layers, sets=tuple(args.sets))
+    if args.model:
+        layers = replace(layers, model=args.model)
+    if args.tokens:
+        layers = replace(layers, tokens=tuple(args.tokens))
+    if args.all_kernels:
+        layers = replace(layers, all_kernels=True)
+    serve = suite.serve
+    if args.mx_flags:
+        serve = replace(serve, mx_flags=tuple(args.mx_flags))
+    if args.server_flags:
+        serve = replace(serve, server_flags=args.server_flags)
+    if args.concurrency:
+        serve = replace(serve, concurrency=tuple(args.concurrency))
+    if args.port:
+        serve = replace(serve, port=args.port)
+    if args.restart:
+        serve = replace(serve, restart=True)
+    return replace(suite, layers=layers, serve=serve, model_layers=args.layers or suite.model_layers)
+
+
+def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progress: Callable[[str], None],
+                record, deadline: Callable[[], float]) -> List[Step]:
+    """The run's steps, in order: the served comparison (model, then one session per server), layers, GPU tests."""
+    from . import layers as layer_routine
+    from . import models
+
+    work = Path(args.workdir)
+    steps: List[Step] = []
+    served = [r for r in routines if r in SERVED]
+    if served:
+        if args.model:
+            describe_model = f"model: {args.model} and its BF16 twin" + (f" {args.bf16_model}" if args.bf16_model else
+                                                                          " (converted into the work folder once)")
+            cached = True
+        else:
+            folder = work / "models" / f"qwen3-30b-a3b-shaped-{suite.model_layers}l-seed0"
+            cached = (folder / "mxfp8" / "config.json").is_file()
+            describe_model = (f"model: a random Qwen3-30B-A3B-shaped model of {suite.model_layers} layers and its MXFP8 "
+                              f"conversion in {folder} ({'written already' if cached else 'written once'})")
+
+        def prepare():
+            state["pair"] = (models.from_user(args.model, args.bf16_model, work / "models") if args.model
+                             else models.generated(work / "models", suite.model_layers))
+
+        steps.append(Step("model", 3 if cached else 8 * suite.model_layers, prepare, [describe_model]))
+        sessions = ["BF16"] + [f"MXFP8 ({flags})" for flags in suite.serve.mx_flags]
+        lines = [f"servers, one at a time, each first on empty caches of its own: {', '.join(sessions)}",
+                 f"  launch: python -m sglang.launch_server --model-path CKPT --port {suite.serve.port} "
+                 f"{suite.serve.server_flags} [MXFP8: backend flags]".replace("  [", " ["),
+                 f"  routines: {', '.join(served)}"]
+        if "serve" in served:
+            lines += [f"  load at concurrency {c}: python -m " + shlex.join(bench_serving_argv(
+                suite.serve.port, Path("BF16_CKPT"), c, suite.serve.prompts.get(c, 2 * c), suite.serve.input_len,
+                suite.serve.output_len, Path("OUT.jsonl"))[2:]) for c in suite.serve.concurrency]
+        if "refit" in served:
+            lines.append(f"  refit: /update_weights_from_disk x{suite.serve.refits}"
+                         + (", then with the page cache dropped" if suite.serve.cold_refit else "")
+                         + "; MXFP8: 32 requests in flight during a refit")
+
+        def serve():
+            from .served import Runner
+
+            if "pair" not in state:
+                raise RuntimeError("no checkpoints to serve (the model step failed)")
+            runner = Runner(state["env"], state["pair"], suite.serve, set(served), work / state["env"].run, progress)
+            state["sessions"] = runner.run(record)
+
+        steps.append(Step("servers", served_estimate(suite, served, suite.model_layers, len(sessions), True), serve,
+                          lines))
+    if "layers" in routines:
+        def layers():
+            import os
+
+            from .served import cache_env
+
+            mx_caches = work / state["env"].run / "caches" / "MXFP8"  # FlashInfer's modules this run's server built
+            os.environ.update(cache_env(mx_caches if mx_caches.is_dir() else work / "caches" / "layers", fresh=False))
+            layer_routine.run(state["env"], suite.layers, deadline(), record)
+
+        steps.append(Step("layers", layer_routine.estimate_s(suite.layers), layers, layer_routine.describe(suite.layers)))
+    if "tests" in routines:
+        def tests():
+            from .rows import measurement
+
+            def test_row(command, counts):
+                record([measurement(state["env"], "tests", "GPU tests passed", "tests/gpu", "", "tests", "higher",
+                                    counts.get("passed", 0), None, extra={"counts": counts, "command": command})])
+
+            gpu_tests(suite.tests, max(60, int(deadline() - time.monotonic())), test_row)
+
+        steps.append(Step("tests", 90 if suite.tests else 900, tests,
+                          [f"GPU tests: python -m pytest -q tests/gpu" + (f" -k {shlex.quote(suite.tests)}"
+                                                                           if suite.tests else "")]))
+    return steps
+
+
+def main(args) -> int:
+    from . import report, rows
+
+    if args.routines == ["report"]:
+        return report_main(args)
+    unknown = [r for r in args.routines if r not in ROUTINES]
+    if unknown:
+        print(f"sglang-mxfp8 bench: no routine {unknown[0]!r}; routines: {', '.join(ROUTINES)}, or 'report'",
+              file=sys.stderr)
+        return 2
+    suite = with_overrides(SUITES[args.suite], args)
+    routines = [r for r in ROUTINES if r in (args.routines or suite.routines)]
+    command = "sglang-mxfp8 bench " + shlex.join(args.argv)
+    state: dict = {}
+    run_rows: List[dict] = []
+    started = time.monotonic()
+    deadline = (lambda: started + args.time_limit) if args.time_limit else (lambda: float("inf"))
+    progress_box: List[Progress] = []
+
+    def progress(what: str) -> None:
+        progress_box[0].step(what)
+
+    def record(new_rows) -> None:
+        from dataclasses import asdict
+
+        rows.append(state["results"], new_rows)
+        dicts = [asdict(r) for r in new_rows]
+        run_rows.extend(dicts)
+        if dicts:
+            print(report.table(dicts), flush=True)
+
+    steps = build_steps(suite, routines, args, state, progress, record, deadline)
+    if args.dry_run:
+        print(f"{command}: {len(steps)} steps, about {_clock(sum(s.estimate_s for s in steps))} on one H100 / H200")
+        for i, s in enumerate(steps, 1):
+            print(f"[{i}] {s.name} (about {_clock(s.estimate_s)})")
+            for line in s.lines:
+                print(f"    {line}")
+        print(f"rows to {Path(args.results_dir) / 'RUN_ID.jsonl'}; logs and plots to {Path(args.workdir) / 'RUN_ID'}")
+        return 0
+    from ..platform import visible_gpu
+
+    gpu = visible_gpu()
+    if gpu is None:
+        print("sglang-mxfp8 bench: no CUDA GPU is visible here; run it on the H100 / H200 / B200 it should measure "
+              "(--dry-run shows what it would run)", file=sys.stderr)
+        return 2
+    state["env"] = rows.environment(command, gpu.name, gpu.sm)
+    state["results"] = Path(args.results_dir) / f"{state['env'].run}.jsonl"
+    print(f"bench: run {state['env'].run} on {gpu.label}; rows to {state['results']}", flush=True)
+    progress_box.append(Progress(steps))
+    skipped = []
+    for step in steps:
+        progress_box[0].index += 1
+        if time.monotonic() + step.estimate_s > deadline():
+            skipped.append(step.name)
+            progress(f"{step.name}: not started, the --time-limit would pass first")
+            continue
+        progress(step.name)
+        try:
+            step.run()
+        except Exception as e:  # noqa: BLE001 - one routine failing leaves the others' rows
+            print(f"bench: {step.name} failed: {type(e).__name__}: {e}", flush=True)
+            skipped.append(step.name)
+        progress_box[0].finish(step)
+    print(f"bench: {len(run_rows)} rows in {state['results']} ({_clock(time.monotonic() - started)})"
+          + (f"; not run: {', '.join(skipped)}" if skipped else ""), flush=True)
+    for path in report.plot(run_rows, Path(args.workdir) / state["env"].run):
+        print(f"bench: plot {path}", flush=True)
+    return 1 if skipped else 0
+
+
+def report_main(args) -> int:
+    from . import report, rows
+
+    folder = Path(args.results_dir)
+    if not (REPO / "benchmarks").is_dir():
+        print(f"sglang-mxfp8 bench report: {REPO} is no clone of the repository (no benchmarks/); it regenerates "
+              "the repository's CURRENT.md and README", file=sys.stderr)
+        return 2
+    data = rows.load(folder)
+    if args.check:
+        problems = report.check(REPO, data)
+        for line in problems:
+            print(line, file=sys.stderr)
+        return 1 if problems else 0
+    for path in report.write(REPO, data):
+        print(f"bench report: wrote {path} from {len(data)} rows in {folder}")
+    return 0

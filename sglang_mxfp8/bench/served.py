@@ -1,0 +1,342 @@
+"""The routines that run servers: ``serve``, ``start``, ``refit`` and ``accuracy``, BF16 then each MXFP8 variant,
+one server at a time, each started by SGLang's stock launcher.
+
+Per server, in one session: its start on caches of its own (emptied first: a fresh machine's first start), the load
+at each concurrency from SGLang's own ``python -m sglang.bench_serving`` (random token ids of fixed lengths, so every
+request is the same size for both servers), greedy outputs on fixed prompts (MXFP8's read against BF16's, also
+teacher-forced on BF16's tokens), ``/update_weights_from_disk`` timed, and, for MXFP8, the refit-under-load check;
+then, where asked, a restart on the caches that start left. Rows pair each MXFP8 value with BF16's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import requests
+
+from ..flags import MISSION_FLAGS
+from .models import ServedPair
+from .rows import Environment, Row, measurement
+
+# the compile caches a server fills, each pointed at a folder of the run's own
+CACHE_VARS = {"FLASHINFER_WORKSPACE_BASE": "flashinfer", "TRTLLM_DG_CACHE_DIR": "trtllm_deep_gemm",
+              "DG_JIT_CACHE_DIR": "deep_gemm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+ACCURACY_PROMPTS = [[17 + 97 * i + j * (31 + i) for j in range(24)] for i in range(8)]  # fixed token ids, 24 each
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    concurrency: Tuple[int, ...] = (1, 16, 128)
+    prompts: Dict[int, int] = field(default_factory=lambda: {1: 4, 16: 32, 128: 128})  # requests per concurrency
+    input_len: int = 1024
+    output_len: int = 256
+    mx_flags: Tuple[str, ...] = (MISSION_FLAGS,)
+    server_flags: str = ""  # for every server (e.g. an attention backend this machine has)
+    restart: bool = False  # start each server again on the caches its first start left
+    cold_refit: bool = False  # also refit with the checkpoint's files out of the page cache
+    refits: int = 2
+    gsm8k_questions: int = 0  # 0: no gsm8k
+    port: int = 30700
+    start_timeout: int = 900
+
+
+@dataclass
+class Session:
+    """What one server measured."""
+
+    name: str
+    flags: str
+    command: str = ""
+    start_s: Optional[float] = None
+    restart_s: Optional[float] = None
+    serve: Dict[int, dict] = field(default_factory=dict)  # concurrency -> bench_serving's result line
+    outputs: Optional[list] = None  # greedy outputs on ACCURACY_PROMPTS
+    forced: Optional[dict] = None  # teacher-forced on BF16's outputs
+    refit_s: List[float] = field(default_factory=list)
+    cold_refit_s: Optional[float] = None
+    under_load: Optional[dict] = None
+    gsm8k: Optional[float] = None
+    plan_lines: List[str] = field(default_factory=list)
+
+
+def cache_env(root: Path, fresh: bool) -> Dict[str, str]:
+    """Cache variables pointing into ``root`` (emptied first where ``fresh``)."""
+    if fresh and root.exists():
+        shutil.rmtree(root)
+    env = {var: str(root / sub) for var, sub in CACHE_VARS.items()}
+    for path in env.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def bench_serving_argv(port: int, tokenizer: Path, concurrency: int, prompts: int, input_len: int, output_len: int,
+                       out: Path) -> List[str]:
+    """SGLang's serving benchmark at one concurrency: random token ids (no dataset to download), fixed lengths, the
+    server's own tokenizer only to name the model."""
+    return [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1",
+            "--port", str(port), "--model", str(tokenizer), "--tokenizer", str(tokenizer),
+            "--dataset-name", "random-ids", "--tokenize-prompt", "--random-input-len", str(input_len),
+            "--random-output-len", str(output_len), "--random-range-ratio", "1.0", "--num-prompts", str(prompts),
+            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1", "--disable-tqdm",
+            "--output-file", str(out)]
+
+
+def bench_serving(port: int, tokenizer: Path, concurrency: int, prompts: int, opts: ServeOptions, out: Path,
+                  output_len: Optional[int] = None) -> dict:
+    """One run of ``sglang.bench_serving``: its JSON result line (output_throughput, median_tpot_ms, ...)."""
+    out.unlink(missing_ok=True)
+    argv = bench_serving_argv(port, tokenizer, concurrency, prompts, opts.input_len, output_len or opts.output_len,
+                              out)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"sglang.bench_serving at concurrency {concurrency} failed (exit {p.returncode}): "
+                           f"{(p.stderr or p.stdout).strip().splitlines()[-1:]}")
+    result = json.loads(out.read_text().splitlines()[-1])
+    result["command"] = shlex.join(argv[1:])
+    return result
+
+
+def generate(port: int, prompts, new_tokens: int, timeout: int = 300, **params) -> list:
+    r = requests.post(f"http://127.0.0.1:{port}/generate", timeout=timeout, json={
+        "input_ids": prompts, "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True},
+        **params})
+    r.raise_for_status()
+    return r.json()
+
+
+def greedy_outputs(port: int, new_tokens: int = 32) -> list:
+    """Greedy tokens and their logprobs on ACCURACY_PROMPTS."""
+    out = []
+    for item in generate(port, ACCURACY_PROMPTS, new_tokens, return_logprob=True):
+        lp = item["meta_info"]["output_token_logprobs"]
+        out.append({"ids": [t[1] for t in lp], "logprobs": [t[0] for t in lp]})
+    return out
+
+
+def teacher_forced(port: int, reference: list) -> dict:
+    """This server's own top token and logprob at each of ``reference``'s greedy tokens, with the reference's
+    tokens as the input: how often its greedy choice agrees, and how far its logprobs are, token by token."""
+    agree = total = 0
+    diffs = []
+    for prompt, ref in zip(ACCURACY_PROMPTS, reference):
+        item = generate(port, [prompt + ref["ids"]], 1, return_logprob=True, logprob_start_len=len(prompt),
+                        top_logprobs_num=1)[0]["meta_info"]
+        mine = item["input_token_logprobs"][-len(ref["ids"]):]
+        tops = item["input_top_logprobs"][-len(ref["ids"]):]
+        for (lp, token, *_), top, ref_lp in zip(mine, tops, ref["logprobs"]):
+            agree += top[0][1] == token
+            total += 1
+            diffs.append(abs(lp - ref_lp))
+    return {"agreement": agree / total, "mean_abs_logprob_diff": statistics.fmean(diffs), "tokens": total}
+
+
+def identical_sequences(outputs: list, reference: list) -> float:
+    return sum(a["ids"] == b["ids"] for a, b in zip(outputs, reference)) / len(reference)
+
+
+def drop_page_cache(ckpt: Path) -> None:
+    """Ask the kernel to drop the checkpoint's files from the page cache (POSIX_FADV_DONTNEED)."""
+    for path in ckpt.glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def refit_seconds(port: int, ckpt: Path) -> float:
+    start = time.perf_counter()
+    r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_disk", json={"model_path": str(ckpt)}, timeout=900)
+    seconds = time.perf_counter() - start
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    if r.status_code != 200 or not body.get("success", False):
+        raise RuntimeError(f"/update_weights_from_disk {ckpt} answered {r.status_code}: {body.get('message', r.text[:200])}")
+    return seconds
+
+
+def refit_under_load(port: int, ckpt: Path, requests_n: int = 32, new_tokens: int = 64) -> dict:
+    """``requests_n`` greedy requests sent at once, twice: alone, then with ``/update_weights_from_disk`` of the same
+    checkpoint issued while they decode. None may fail, and each must equal its output without the refit."""
+    prompts = [[11 + 7 * i + 3 * j for j in range(64)] for i in range(requests_n)]
+
+    def run_all(during: Optional[Callable[[], None]] = None) -> list:
+        results: list = [None] * requests_n
+
+        def one(i):
+            try:
+                item = generate(port, [prompts[i]], new_tokens)[0]
+                results[i] = item.get("output_ids", item.get("text"))
+            except (requests.RequestException, KeyError, ValueError) as e:
+                results[i] = e
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(requests_n)]
+        for t in threads:
+            t.start()
+        if during is not None:
+            time.sleep(0.5)
+            during()
+        for t in threads:
+            t.join()
+        return results
+
+    alone = run_all()
+    refit: dict = {}
+    loaded = run_all(lambda: refit.update(seconds=refit_seconds(port, ckpt)))
+    failed = sum(isinstance(r, Exception) for r in loaded)
+    equal = sum(not isinstance(a, Exception) and a == b for a, b in zip(alone, loaded))
+    return {"requests": requests_n, "failed": failed, "equal": equal, "refit_s": refit.get("seconds")}
+
+
+def plan_lines(log: Path) -> List[str]:
+    """The plugin's plan lines from a server log (what each layer kind runs)."""
+    return [line.split("sglang_mxfp8: ", 1)[1].strip() for line in log.read_text(errors="replace").splitlines()
+            if "sglang_mxfp8: " in line and ("dense [" in line or "MoE (" in line)][:8]
+
+
+class Runner:
+    """Runs the sessions of one served comparison and turns them into rows."""
+
+    def __init__(self, env: Environment, pair: ServedPair, opts: ServeOptions, routines: set, work: Path,
+                 step: Callable[[str], None]):
+        self.env, self.pair, self.opts, self.routines, self.work, self.step = env, pair, opts, routines, work, step
+        self.bf16: Optional[Session] = None
+
+    def _server(self, name: str, ckpt: Path, flags: str, env: Dict[str, str]):
+        from ..cli.serving import Server
+
+        return Server(name.replace(" ", "_").replace("/", "_"), str(ckpt), f"{self.opts.server_flags} {flags}".strip(),
+                      self.opts.port, self.work / "logs", text=True, env=env, base="")
+
+    def session(self, name: str, ckpt: Path, flags: str) -> Session:
+        s = Session(name, flags)
+        # a first start is timed on empty caches of its own; without the start routine they are kept between runs
+        folder = (self.work if "start" in self.routines else self.work.parent) / "caches" / name.replace(" ", "_")
+        caches = cache_env(folder, fresh="start" in self.routines)
+        self.step(f"start {name}")
+        server = self._server(name, ckpt, flags, caches)
+        s.command = server.cmd
+        try:
+            server.wait(timeout=self.opts.start_timeout)
+            s.start_s = time.time() - server.t0
+            s.plan_lines = plan_lines(server.log)
+            port = self.opts.port
+            if "serve" in self.routines:
+                self.step(f"serve {name}: warm-up")
+                top = max(self.opts.concurrency)
+                bench_serving(port, self.pair.bf16, top, top, self.opts, self.work / "warmup.jsonl", output_len=16)
+                for c in self.opts.concurrency:
+                    self.step(f"serve {name}: concurrency {c}")
+                    s.serve[c] = bench_serving(port, self.pair.bf16, c, self.opts.prompts.get(c, 2 * c), self.opts,
+                                               self.work / f"serve_c{c}.jsonl")
+            if "accuracy" in self.routines:
+                self.step(f"accuracy {name}")
+                s.outputs = greedy_outputs(port)
+                if self.bf16 is not None and self.bf16.outputs is not None:
+                    s.forced = teacher_forced(port, self.bf16.outputs)
+                if self.opts.gsm8k_questions and self.pair.tokenizer:
+                    s.gsm8k = gsm8k(port, self.opts.gsm8k_questions, self.work)
+            if "refit" in self.routines:
+                self.step(f"refit {name}")
+                s.refit_s = [refit_seconds(port, ckpt) for _ in range(self.opts.refits)]
+                if self.opts.cold_refit:
+                    drop_page_cache(ckpt)
+                    s.cold_refit_s = refit_seconds(port, ckpt)
+                if self.bf16 is not None:  # the check is of MXFP8's in-place refit
+                    s.under_load = refit_under_load(port, ckpt)
+        finally:
+            server.stop()
+        if "start" in self.routines and self.opts.restart:
+            self.step(f"restart {name}")
+            again = self._server(name + " restart", ckpt, flags, cache_env(folder, fresh=False))
+            try:
+                again.wait(timeout=self.opts.start_timeout)
+                s.restart_s = time.time() - again.t0
+            finally:
+                again.stop()
+        return s
+
+    def run(self, record: Callable[[List[Row]], None]) -> List[Session]:
+        self.bf16 = None
+        self.bf16 = self.session("BF16", self.pair.bf16, "")
+        sessions = [self.bf16]
+        for i, flags in enumerate(self.opts.mx_flags):
+            name = "MXFP8" if len(self.opts.mx_flags) == 1 else f"MXFP8 {i + 1}"
+            try:
+                mx = self.session(name, self.pair.mxfp8, flags)
+            except (RuntimeError, TimeoutError, requests.RequestException, subprocess.SubprocessError) as e:
+                print(f"bench: {name} ({flags}) failed: {e}", flush=True)
+                continue
+            record(self.rows(mx))
+            sessions.append(mx)
+        return sessions
+
+    def rows(self, mx: Session) -> List[Row]:
+        """MXFP8 session ``mx`` against the BF16 session, as rows."""
+        b, env, shape, flags = self.bf16, self.env, self.pair.name, mx.flags
+        rows = []
+
+        def row(routine, metric, unit, better, mxv, bfv, **what):
+            if mxv is not None or bfv is not None:
+                rows.append(measurement(env, routine, metric, shape, flags, unit, better, mxv, bfv, **what))
+
+        if "start" in self.routines:
+            row("start", "first start", "s", "lower", mx.start_s, b.start_s,
+                extra={"to": "/health_generate", "caches": "empty, the run's own"})
+            row("start", "restart", "s", "lower", mx.restart_s, b.restart_s, extra={"caches": "the first start's"})
+        for c, result in mx.serve.items():
+            base = b.serve.get(c)
+            if base is None:
+                continue
+            extra = {"input_len": self.opts.input_len, "output_len": self.opts.output_len,
+                     "prompts": self.opts.prompts.get(c, 2 * c), "load": result["command"]}
+            row("serve", "output throughput", "tok/s", "higher", result["output_throughput"],
+                base["output_throughput"], concurrency=c, extra=extra)
+            if c == 1:
+                row("serve", "decode latency, batch 1", "ms/token", "lower", result["median_tpot_ms"],
+                    base["median_tpot_ms"], concurrency=1, extra=extra)
+                row("serve", "time to first token, one request", "ms", "lower", result["median_ttft_ms"],
+                    base["median_ttft_ms"], concurrency=1, extra=extra)
+        if mx.refit_s and b.refit_s:
+            row("refit", "refit from disk, page cache warm", "s", "lower", statistics.median(mx.refit_s),
+                statistics.median(b.refit_s), extra={"refits": len(mx.refit_s)})
+        row("refit", "refit from disk, page cache dropped", "s", "lower", mx.cold_refit_s, b.cold_refit_s)
+        if mx.under_load is not None:
+            row("refit", "requests failed during a refit", "requests", "lower", mx.under_load["failed"], None,
+                extra=mx.under_load)
+        if mx.outputs is not None and b.outputs is not None:
+            row("accuracy", "identical greedy sequences", "fraction", "higher",
+                identical_sequences(mx.outputs, b.outputs), None, extra={"prompts": len(ACCURACY_PROMPTS),
+                                                                         "tokens": len(b.outputs[0]["ids"])})
+        if mx.forced is not None:
+            row("accuracy", "top-1 agreement on BF16's tokens", "fraction", "higher", mx.forced["agreement"], None,
+                extra=mx.forced)
+            row("accuracy", "mean |logprob - BF16's| on BF16's tokens", "nats", "lower",
+                mx.forced["mean_abs_logprob_diff"], None, extra=mx.forced)
+        row("accuracy", "gsm8k accuracy", "fraction", "higher", mx.gsm8k, b.gsm8k,
+            extra={"questions": self.opts.gsm8k_questions})
+        return rows
+
+
+def gsm8k(port: int, questions: int, work: Path) -> Optional[float]:
+    """benchmarks/gsm8k/bench_sglang.py against the running server, where this is a checkout that has it."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gsm8k" / "bench_sglang.py"
+    if not script.is_file():
+        print("bench: gsm8k needs benchmarks/gsm8k/bench_sglang.py (a clone of the repository); skipped", flush=True)
+        return None
+    p = subprocess.run([sys.executable, str(script), "--num-questions", str(questions), "--num-shots", "8",
+                        "--parallel", "128", "--port", str(port), "--result-file", str(work / "gsm8k.jsonl")],
+                       capture_output=True, text=True, timeout=1800)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("Accuracy:")), None)
+    return float(line.split()[1]) if line else None

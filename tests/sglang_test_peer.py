@@ -1,0 +1,121 @@
+"""Test peer: a real HTTP server speaking the part of SGLang's HTTP contract the served benchmark routines use, so they
+run on a machine without a GPU against something that answers as SGLang does: /health_generate, /v1/models,
+/generate with input_ids (greedy tokens with their logprobs, input logprobs from logprob_start_len with the top
+token, streamed as server-sent events when asked, as SGLang's bench_serving reads them) and
+/update_weights_from_disk.
+
+Its "model" is arithmetic: the greedy token after ids is (sum(ids) * 31 + SHIFT) % VOCAB, its logprob -1 / (1 + the
+token % 7). SHIFT differs between two peers as MXFP8 does from BF16. A refit takes REFIT_S seconds and holds requests
+meanwhile, as SGLang's scheduler does.
+
+    python sglang_test_peer.py PORT [SHIFT [REFIT_S]]
+"""
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VOCAB = 1000
+SHIFT = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+REFIT_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.2
+LOCK = threading.Lock()  # a refit holds it; every forward takes it
+
+
+def next_token(ids):
+    return (sum(ids) * 31 + SHIFT) % VOCAB
+
+
+def logprob(token):
+    return -1.0 / (1 + token % 7)
+
+
+def generated(ids, n):
+    out = []
+    for _ in range(n):
+        with LOCK:
+            token = next_token(ids + out)
+        out.append(token)
+    return out
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, obj, code=200):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health_generate":
+            return self._send({})
+        if self.path == "/v1/models":
+            return self._send({"data": [{"id": "peer"}]})
+        self._send({"error": "not found"}, 404)
+
+    def _one(self, ids, req):
+        params = req.get("sampling_params", {})
+        out = generated(list(ids), params.get("max_new_tokens", 16))
+        meta = {"completion_tokens": len(out), "prompt_tokens": len(ids)}
+        if req.get("return_logprob"):
+            meta["output_token_logprobs"] = [[logprob(t), t, None] for t in out]
+            start = req.get("logprob_start_len", -1)
+            if start >= 0:
+                inputs = list(ids)
+                meta["input_token_logprobs"] = [[None if p == 0 else (0.0 if next_token(inputs[:p]) == inputs[p]
+                                                                      else -5.0), inputs[p], None]
+                                                for p in range(start, len(inputs))]
+                if req.get("top_logprobs_num"):
+                    meta["input_top_logprobs"] = [[[0.0, next_token(inputs[:p]), None]] if p else None
+                                                  for p in range(start, len(inputs))]
+        return {"text": " ".join(f"t{t}" for t in out), "output_ids": out, "meta_info": meta}
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/update_weights_from_disk":
+            with LOCK:
+                time.sleep(REFIT_S)
+            return self._send({"success": True, "message": f"loaded {req['model_path']}"})
+        if self.path != "/generate":
+            return self._send({"error": "not found"}, 404)
+        batch = req["input_ids"] and isinstance(req["input_ids"][0], list)
+        if req.get("stream"):
+            return self._stream(req)
+        items = [self._one(ids, req) for ids in (req["input_ids"] if batch else [req["input_ids"]])]
+        self._send(items if batch else items[0])
+
+    def _stream(self, req):
+        """Server-sent events as SGLang streams them: the text so far and its token count, then [DONE]."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        ids = list(req["input_ids"])
+        out = []
+        for _ in range(req["sampling_params"]["max_new_tokens"]):
+            out += generated(ids + out, 1)
+            self._chunk(f"data: {json.dumps({'text': ' '.join(f't{t}' for t in out), 'meta_info': {'completion_tokens': len(out)}})}\n\n")
+        self._chunk("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, text):
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = 256
+    daemon_threads = True
+
+
+if __name__ == "__main__":
+    Server(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()

@@ -1,0 +1,234 @@
+"""``sglang-mxfp8 bench``: the row schema, the reports generated from rows (and the committed ones equal to what the
+committed rows give), the registry's citations, the suites and their dry run, and the served routines run against a
+real HTTP peer speaking SGLang's contract, with SGLang's own ``sglang.bench_serving`` as the load."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from sglang_mxfp8.bench import report, rows
+from sglang_mxfp8.flags import MISSION_FLAGS
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def env(run="r1", gpu="NVIDIA H100 80GB HBM3"):
+    return rows.Environment(run=run, gpu=gpu, sm=90, driver="580.1", versions={"torch": "2.11.0", "sglang": None},
+                            commit="abc", command="sglang-mxfp8 bench --suite quick")
+
+
+def test_a_rows_ratio_is_mxfp8s_advantage_either_way():
+    t = rows.measurement(env(), "layers", "layer time", "s", "--all-kernels", "us", "lower", 50.0, 100.0, tokens=16)
+    s = rows.measurement(env(), "serve", "output throughput", "s", MISSION_FLAGS, "tok/s", "higher", 150.0, 100.0,
+                         concurrency=16)
+    assert (t.ratio, s.ratio) == (2.0, 1.5)
+    assert rows.measurement(env(), "accuracy", "identical greedy sequences", "s", "", "fraction", "higher", 0.5,
+                            None).ratio is None
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"ratio": 3.0}, "'ratio': 3.0 does not follow from mxfp8 50.0 and bf16 100.0"),
+    ({"routine": "speed"}, "'routine': 'speed' is none of"),
+    ({"better": "faster"}, "'better': 'faster' is neither"),
+    ({"tokens": "16"}, "'tokens': '16' has the wrong type"),
+    ({"gpu": None}, "'gpu': None is not a str"),
+    ({"colour": "blue"}, "['colour'] are not in schema 1"),
+    ({"schema": 2}, "'schema': 2 (this version reads 1)"),
+])
+def test_schema_names_the_field_a_row_gets_wrong(change, message):
+    good = asdict(rows.measurement(env(), "layers", "layer time", "s", "", "us", "lower", 50.0, 100.0))
+    with pytest.raises(rows.SchemaError) as e:
+        rows.validate({**good, **change})
+    assert message in str(e.value)
+
+
+def test_rows_append_and_load_back_and_a_bad_line_names_file_and_line(tmp_path):
+    r = [rows.measurement(env(), "layers", "layer time", "s", "", "us", "lower", v, 100.0, tokens=t)
+         for t, v in ((1, 40.0), (16, 80.0))]
+    assert rows.append(tmp_path / "a.jsonl", r) == 2
+    assert [x["tokens"] for x in rows.load(tmp_path)] == [1, 16]
+    (tmp_path / "b.jsonl").write_text('{"schema": 1}\n')
+    with pytest.raises(rows.SchemaError, match=r"b\.jsonl:1: row field 'run'"):
+        rows.load(tmp_path)
+
+
+def _served(run, time_, c_ratios, gpu="NVIDIA H100 80GB HBM3"):
+    out = []
+    for c, (mx, bf) in c_ratios.items():
+        r = rows.measurement(env(run, gpu), "serve", "output throughput", "qwen3-30b-a3b-shaped 16 layers",
+                             MISSION_FLAGS, "tok/s", "higher", mx, bf, concurrency=c)
+        out.append({**asdict(r), "time": time_})
+    return out
+
+
+def test_current_md_keeps_each_figures_newest_run_and_says_how_to_reproduce_it():
+    old = _served("old", "2026-12-01T00:00:00Z", {1: (100.0, 100.0), 16: (100.0, 100.0)})
+    new = _served("new", "2026-12-06T00:00:00Z", {1: (130.0, 100.0), 16: (140.0, 100.0)})
+    text = report.render_current(old + new)
+    line = next(x for x in text.splitlines() if x.startswith("| output throughput"))
+    assert "1.30x / 1.40x at c1 / c16" in line and "| H100 | 2026-12-06 | [1] |" in line and "1.00x" not in text
+    assert "1. `sglang-mxfp8 bench --suite quick` on NVIDIA H100 80GB HBM3 (torch 2.11.0; commit abc)" in text
+    assert "Served by the mission's command, qwen3-30b-a3b-shaped 16 layers model: 1.30x / 1.40x BF16's output tok/s " \
+           "at concurrency 1 / 16 (H100, 2026-12-06)." in report.render_readme_block(old + new)
+
+
+def test_check_finds_reports_that_do_not_follow_from_the_rows(tmp_path):
+    data = _served("new", "2026-12-06T00:00:00Z", {16: (140.0, 100.0)})
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "README.md").write_text(f"# x\n\n{report.BEGIN}\n{report.END}\n\n"
+                                        f"{report.REGISTRY_BEGIN}\n{report.REGISTRY_END}\n")
+    report.write(tmp_path, data)
+    assert report.check(tmp_path, data) == []
+    readme = (tmp_path / "README.md").read_text()
+    (tmp_path / "README.md").write_text(readme + "\nIt runs 1.5x BF16 and 3000 tok/s.\n")
+    assert [p.split(": ", 1)[1] for p in report.check(tmp_path, data)] == [
+        "figure '1.5x' typed outside the generated block; figures come from rows",
+        "figure '3000 tok/s' typed outside the generated block; figures come from rows"]
+    (tmp_path / "README.md").write_text(readme.replace("1.40x", "1.45x"))
+    (tmp_path / "benchmarks" / "CURRENT.md").write_text("edited\n")
+    assert len(report.check(tmp_path, data)) == 2
+
+
+def test_committed_reports_are_what_the_committed_rows_give():
+    """CURRENT.md, the README's speed paragraph and its kernel table are generated; a figure typed into either, or a
+    row edited without regenerating, fails here."""
+    assert report.check(ROOT, rows.load(RESULTS)) == []
+
+
+def test_every_registry_citation_is_a_committed_row():
+    from sglang_mxfp8.kernels import registry
+
+    have = {(r["routine"], r["shape"], r["tokens"], r["kernel"]) for r in rows.load(RESULTS)}
+    cites = registry.cited_rows()
+    assert cites and [c for c in cites if tuple(c) not in have] == []
+
+
+def test_suites_cover_every_routine_and_quick_stays_small():
+    from sglang_mxfp8.bench.run import ROUTINES, SUITES
+
+    assert set(SUITES["quick"].routines) == set(SUITES["full"].routines) == set(ROUTINES) == set(rows.ROUTINES)
+    quick, full = SUITES["quick"], SUITES["full"]
+    assert quick.serve.concurrency == (1, 16, 128) and quick.serve.mx_flags == (MISSION_FLAGS,)
+    assert quick.tests and full.tests is None and full.layers.sets == ("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")
+    assert not quick.serve.restart and full.serve.restart and full.serve.gsm8k_questions == 1319
+
+
+def _cli(*args, timeout=120):
+    code = ("import sys, time; t = time.perf_counter(); from sglang_mxfp8.cli import main; rc = main(sys.argv[1:]); "
+            "print('RC', rc, 'TORCH', 'torch' in sys.modules, 'SGLANG', 'sglang' in sys.modules, flush=True)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+def test_dry_run_lists_each_step_without_torch_or_a_gpu(tmp_path):
+    p = _cli("bench", "--dry-run", "--workdir", str(tmp_path), "--server-flags", "--attention-backend triton")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "[1] model" in out and "[2] servers" in out and "[3] layers" in out and "[4] tests" in out
+    assert "--dataset-name random-ids --tokenize-prompt" in out and "--max-concurrency 128" in out
+    assert f"launch: python -m sglang.launch_server --model-path CKPT --port 30700 --attention-backend triton" in out
+    assert out.strip().endswith("RC 0 TORCH False SGLANG False")
+
+
+def test_bench_help_and_argument_errors_import_nothing_heavy():
+    assert "ROUTINE" in _cli("bench", "--help").stdout
+    p = _cli("bench", "--suite", "slow")
+    assert p.returncode == 2 and "invalid choice: 'slow'" in p.stderr
+    p = _cli("bench", "speed", "--dry-run")
+    assert "no routine 'speed'" in p.stderr and "RC 2 TORCH False" in p.stdout
+
+
+def test_bench_without_a_gpu_is_one_line():
+    p = _cli("bench", "layers")
+    assert "RC 2" in p.stdout and p.stderr.strip().splitlines() == [
+        "sglang-mxfp8 bench: no CUDA GPU is visible here; run it on the H100 / H200 / B200 it should measure "
+        "(--dry-run shows what it would run)"]
+
+
+# -- the served routines against a real HTTP peer ------------------------------------------------------------------
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PeerServer:
+    """Stands in for the stock launcher (no SGLang server runs on a CPU): tests/sglang_test_peer.py, whose greedy
+    tokens shift with the checkpoint's name ending in a digit."""
+
+    def __init__(self, name, ckpt, flags, port, log_dir, text=False, env=None, base=""):
+        self.name, self.port, self.cmd, self.t0 = name, port, f"peer {ckpt} {flags}", time.time()
+        self.log = Path(log_dir) / f"server_{name}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.log.write_text("[x] sglang_mxfp8: MoE (128 experts, hidden 2048, intermediate 768): 1 token: moe_gemv\n")
+        shift = "5" if "mxfp8" in str(ckpt) and "same" not in str(ckpt) else "0"
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/sglang_test_peer.py"), str(port), shift, "0.3"])
+
+    def wait(self, timeout=400):
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+@pytest.mark.parametrize("mx_name,same", [("mxfp8", False), ("mxfp8-same", True)])
+def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch, mx_name, same):
+    """A whole served comparison against two peers: SGLang's own bench_serving as the load at two concurrencies, the
+    start, refit and refit-under-load timings, and the accuracy read against BF16's outputs, teacher-forced too."""
+    from sglang_mxfp8.bench import served
+    from sglang_mxfp8.bench.models import ServedPair, write_word_tokenizer
+
+    bf16 = tmp_path / "bf16"
+    write_word_tokenizer(bf16, 1000)
+    (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "vocab_size": 1000}))
+    pair = ServedPair(bf16, tmp_path / mx_name, "peer model", tokenizer=False)
+    opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8,
+                               port=_free_port(), refits=2)
+    monkeypatch.setattr(served.Runner, "_server", lambda self, name, ckpt, flags, env: PeerServer(
+        name, ckpt, flags, self.opts.port, self.work / "logs"))
+    steps = []
+    runner = served.Runner(env(), pair, opts, {"serve", "start", "refit", "accuracy"}, tmp_path / "work", steps.append)
+    recorded = []
+    sessions = runner.run(recorded.extend)
+    assert [s.name for s in sessions] == ["BF16", "MXFP8"] and "serve MXFP8: concurrency 4" in steps
+    by = {(r.metric, r.concurrency): r for r in recorded}
+    throughput = by[("output throughput", 4)]
+    assert throughput.mxfp8 > 0 and throughput.bf16 > 0 and throughput.flags == MISSION_FLAGS
+    assert "--dataset-name random-ids" in throughput.extra["load"] and throughput.extra["prompts"] == 8
+    assert by[("decode latency, batch 1", 1)].mxfp8 > 0 and by[("first start", None)].bf16 > 0
+    assert 0.25 < by[("refit from disk, page cache warm", None)].mxfp8 < 5
+    load = by[("requests failed during a refit", None)].extra
+    assert load["failed"] == 0 and load["equal"] == load["requests"] == 32 and load["refit_s"] >= 0.3
+    assert by[("identical greedy sequences", None)].mxfp8 == (1.0 if same else 0.0)
+    assert by[("top-1 agreement on BF16's tokens", None)].mxfp8 == (1.0 if same else 0.0)
+    assert by[("mean |logprob - BF16's| on BF16's tokens", None)].extra["tokens"] == 8 * 32
+    assert sessions[1].plan_lines == ["MoE (128 experts, hidden 2048, intermediate 768): 1 token: moe_gemv"]
+
+
+def test_gsm8k_routine_reads_the_benchmarks_accuracy_line(tmp_path):
+    """The accuracy routine's gsm8k step: benchmarks/gsm8k/bench_sglang.py against a server (the gsm8k test peer,
+    which answers every even question right)."""
+    from sglang_mxfp8.bench.served import gsm8k
+
+    port = _free_port()
+    peer = subprocess.Popen([sys.executable, str(ROOT / "tests/gsm8k_test_peer.py"), str(port)])
+    try:
+        PeerServer.wait(type("P", (), {"port": port})())
+        assert gsm8k(port, 40, tmp_path) == 0.5
+    finally:
+        peer.terminate()
+        peer.wait()
