@@ -64,6 +64,7 @@ class Session:
     outputs: Optional[list] = None  # greedy outputs on ACCURACY_PROMPTS
     forced: Optional[dict] = None  # teacher-forced on BF16's outputs
     refit_s: List[float] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)  # a routine that failed on this server, and why
     cold_refit_s: Optional[float] = None
     under_load: Optional[dict] = None
     gsm8k: Optional[float] = None
@@ -135,9 +136,13 @@ def teacher_forced(port: int, reference: list) -> dict:
         mine = item["input_token_logprobs"][-len(ref["ids"]):]
         tops = item["input_top_logprobs"][-len(ref["ids"]):]
         for (lp, token, *_), top, ref_lp in zip(mine, tops, ref["logprobs"]):
+            if lp is None or not top or ref_lp is None:  # a position SGLang gives no logprob for
+                continue
             agree += top[0][1] == token
             total += 1
             diffs.append(abs(lp - ref_lp))
+    if not total:
+        raise RuntimeError("the server returned no input logprobs for the reference tokens")
     return {"agreement": agree / total, "mean_abs_logprob_diff": statistics.fmean(diffs), "tokens": total}
 
 
@@ -231,30 +236,15 @@ class Runner:
             server.wait(timeout=self.opts.start_timeout)
             s.start_s = time.time() - server.t0
             s.plan_lines = plan_lines(server.log)
-            port = self.opts.port
-            if "serve" in self.routines:
-                self.step(f"serve {name}: warm-up")
-                top = max(self.opts.concurrency)
-                bench_serving(port, self.pair.bf16, top, top, self.opts, self.work / "warmup.jsonl", output_len=16)
-                for c in self.opts.concurrency:
-                    self.step(f"serve {name}: concurrency {c}")
-                    s.serve[c] = bench_serving(port, self.pair.bf16, c, self.opts.prompts.get(c, 2 * c), self.opts,
-                                               self.work / f"serve_c{c}.jsonl")
-            if "accuracy" in self.routines:
-                self.step(f"accuracy {name}")
-                s.outputs = greedy_outputs(port)
-                if self.bf16 is not None and self.bf16.outputs is not None:
-                    s.forced = teacher_forced(port, self.bf16.outputs)
-                if self.opts.gsm8k_questions and self.pair.tokenizer:
-                    s.gsm8k = gsm8k(port, self.opts.gsm8k_questions, self.work)
-            if "refit" in self.routines:
-                self.step(f"refit {name}")
-                s.refit_s = [refit_seconds(port, ckpt) for _ in range(self.opts.refits)]
-                if self.opts.cold_refit:
-                    drop_page_cache(ckpt)
-                    s.cold_refit_s = refit_seconds(port, ckpt)
-                if self.bf16 is not None:  # the check is of MXFP8's in-place refit
-                    s.under_load = refit_under_load(port, ckpt)
+            for routine, run in (("serve", lambda: self._serve(s, name)), ("accuracy", lambda: self._accuracy(s, name)),
+                                 ("refit", lambda: self._refit(s, name, ckpt))):
+                if routine not in self.routines:
+                    continue
+                try:
+                    run()
+                except Exception as e:  # noqa: BLE001 - one routine failing on a server leaves the others' figures
+                    s.errors.append(f"{routine}: {type(e).__name__}: {e}")
+                    print(f"bench: {routine} on {name} failed: {type(e).__name__}: {e}", flush=True)
         finally:
             server.stop()
         if "start" in self.routines and self.opts.restart:
@@ -267,6 +257,33 @@ class Runner:
                 again.stop()
         return s
 
+    def _serve(self, s: Session, name: str) -> None:
+        port, tag = self.opts.port, name.replace(" ", "_")
+        self.step(f"serve {name}: warm-up")
+        top = max(self.opts.concurrency)
+        bench_serving(port, self.pair.bf16, top, top, self.opts, self.work / f"warmup_{tag}.jsonl", output_len=16)
+        for c in self.opts.concurrency:
+            self.step(f"serve {name}: concurrency {c}")
+            s.serve[c] = bench_serving(port, self.pair.bf16, c, self.opts.prompts.get(c, 2 * c), self.opts,
+                                       self.work / f"serve_{tag}_c{c}.jsonl")
+
+    def _accuracy(self, s: Session, name: str) -> None:
+        self.step(f"accuracy {name}")
+        s.outputs = greedy_outputs(self.opts.port)
+        if self.opts.gsm8k_questions and self.pair.tokenizer:
+            s.gsm8k = gsm8k(self.opts.port, self.opts.gsm8k_questions, self.work)
+        if self.bf16 is not None and self.bf16.outputs is not None:
+            s.forced = teacher_forced(self.opts.port, self.bf16.outputs)
+
+    def _refit(self, s: Session, name: str, ckpt: Path) -> None:
+        self.step(f"refit {name}")
+        s.refit_s = [refit_seconds(self.opts.port, ckpt) for _ in range(self.opts.refits)]
+        if self.opts.cold_refit:
+            drop_page_cache(ckpt)
+            s.cold_refit_s = refit_seconds(self.opts.port, ckpt)
+        if self.bf16 is not None:  # the check is of MXFP8's in-place refit
+            s.under_load = refit_under_load(self.opts.port, ckpt)
+
     def run(self, record: Callable[[List[Row]], None]) -> List[Session]:
         self.bf16 = None
         self.bf16 = self.session("BF16", self.pair.bf16, "")
@@ -275,8 +292,8 @@ class Runner:
             name = "MXFP8" if len(self.opts.mx_flags) == 1 else f"MXFP8 {i + 1}"
             try:
                 mx = self.session(name, self.pair.mxfp8, flags)
-            except (RuntimeError, TimeoutError, requests.RequestException, subprocess.SubprocessError) as e:
-                print(f"bench: {name} ({flags}) failed: {e}", flush=True)
+            except Exception as e:  # noqa: BLE001 - a server that did not start: the next variant still runs
+                print(f"bench: {name} ({flags}) failed: {type(e).__name__}: {e}", flush=True)
                 continue
             record(self.rows(mx))
             sessions.append(mx)
