@@ -128,3 +128,43 @@ def fresh_settings():
     settings.current.cache_clear()
     yield
     settings.current.cache_clear()
+
+
+def doctor_plans(out: str) -> list:
+    """``sglang-mxfp8 doctor``'s per-layer tables read back as one line each: "  <layer>: <band>: <kernel>; ...
+    [not <kernel>: <why>; ...]", or "  <layer>: ERROR <message>" (wrapped lines joined)."""
+    import re
+
+    plans, current = [], None
+    for line in out.splitlines():
+        if re.match(r"  (dense|MoE) ", line):
+            current = {"head": line, "bands": [], "skipped": [], "error": None, "in": None}
+            plans.append(current)
+        elif current is not None and line.startswith("    "):
+            text = line.strip()
+            if line.startswith("      ") and current["in"] in ("skip", "error", "band"):
+                if current["in"] == "skip" and not line.startswith("        "):
+                    current["skipped"].append(text)
+                elif current["in"] == "skip":
+                    current["skipped"][-1] += " " + text
+                elif current["in"] == "error":
+                    current["error"] += " " + text
+                continue
+            if text.startswith("ERROR "):
+                current["error"], current["in"] = text, "error"
+            elif text == "passed over:":
+                current["in"] = "skip"
+            else:
+                band, kernel = re.split(r"\s{2,}", text)[:2]
+                current["bands"].append(f"{band}: {kernel}")
+                current["in"] = "band"
+        else:
+            current = None
+    lines = []
+    for p in plans:
+        if p["error"]:
+            lines.append(f"{p['head']}: {p['error']}")
+        else:
+            skipped = f" [not {'; not '.join(p['skipped'])}]" if p["skipped"] else ""
+            lines.append(f"{p['head']}: {'; '.join(p['bands'])}{skipped}")
+    return lines

@@ -62,9 +62,12 @@ def test_doctor_and_launch_refuse_the_same_moe_flag(tmp_path, capsys):
     mx = tmp_path / "mx"
     convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
     assert cli(["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "flashinfer_trtllm"]) == 1
-    moe = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  MoE"))
+    out = capsys.readouterr().out
+    moe = " ".join(out[out.index("\n  MoE"):].split())  # the MoE layer's line and its wrapped plan or error below it
     args = SimpleNamespace(fp8_gemm_runner_backend="auto", moe_runner_backend="flashinfer_trtllm", model_path=str(mx))
     with pytest.raises(Mxfp8LaunchError) as e:
         validate_launch(args, GpuSpec("NVIDIA H200", 90))
-    assert moe.endswith(f": ERROR {e.value.message}") and "valid choices on this GPU: auto, triton, flashinfer_cutlass" in moe
+    assert f"(hidden 256, intermediate 128) ERROR {e.value.message}" in moe
+    assert "valid choices on this GPU: auto, triton, flashinfer_cutlass" in moe
+    assert all(len(line) <= 100 for line in out.splitlines() if line.startswith("  "))  # a 100-column terminal
     assert json.loads((mx / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp8"

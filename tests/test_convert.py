@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from conftest import run_python
+from conftest import doctor_plans, run_python
 from sglang_mxfp8.cli import main as cli
 from sglang_mxfp8.format.convert import ConvertError, convert, validate
 from sglang_mxfp8.format.numerics import dequantize_mxfp8, quantize_mxfp8
@@ -115,14 +115,15 @@ def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
     assert cli(["convert", str(hf_llama), str(dst)]) == 2  # refuses to overwrite
     assert cli(["doctor", "--gpu", "h200", "--model", str(dst), "--fp8-gemm-backend", "flashinfer_trtllm"]) == 0
     out = capsys.readouterr().out
+    plans = "\n".join(doctor_plans(out))
     assert "tensors quantized to MXFP8" in out
     assert "GPU: NVIDIA H200 (SM90)" in out
     # K=352 not % 128: FlashInfer's GEMM cannot, the Triton kernel takes it, its weight-only GEMM small batches
-    assert "dense model.layers.N.mlp.down_proj [128 x 352] x2: 1-16 tokens: weight_only; other batches: triton_w8a8" in out
+    assert "dense model.layers.N.mlp.down_proj [128 x 352] x2: 1-16 tokens: weight_only; other batches: triton_w8a8" in plans
     # as SGLang serves them, fused: gate 352 + up 352 rows, a multiple of 64 that neither is alone
-    assert "dense model.layers.N.mlp.gate_up_proj [704 x 128] x2 (gate_proj + up_proj): other batches: flashinfer_sm90" in out
-    assert "dense model.layers.N.self_attn.qkv_proj [256 x 128] x2 (q_proj + k_proj + v_proj): other batches: flashinfer_sm90" in out
-    assert "dense model.layers.N.self_attn.o_proj [128 x 128] x2: other batches: flashinfer_sm90" in out
+    assert "dense model.layers.N.mlp.gate_up_proj [704 x 128] x2 (gate_proj + up_proj): other batches: flashinfer_sm90" in plans
+    assert "dense model.layers.N.self_attn.qkv_proj [256 x 128] x2 (q_proj + k_proj + v_proj): other batches: flashinfer_sm90" in plans
+    assert "dense model.layers.N.self_attn.o_proj [128 x 128] x2: other batches: flashinfer_sm90" in plans
     assert sum(line.startswith("  dense ") for line in out.splitlines()) == 4
     assert cli(["doctor", "--gpu", "h200", "--model", str(dst), "--fp8-gemm-backend", "flashinfer_cutlass"]) == 1
     assert "cannot run MXFP8 on NVIDIA H200 (SM90)" in capsys.readouterr().out
@@ -143,7 +144,7 @@ def test_doctor_checks_the_checkpoint_without_a_gpu(hf_llama, tmp_path, capsys, 
                         "  kernels per layer: pass --gpu h200|b200|... to see them"]
     assert cli(["doctor", "--model", str(tmp_path / "missing")]) == 1
     assert capsys.readouterr().out.splitlines()[-1] == (
-        f"{tmp_path / 'missing'}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)")
+        f"{tmp_path / 'missing'}: no such folder; pass the checkpoint's folder (config.json and *.safetensors)")
     assert cli(["doctor", "--model", str(hf_llama)]) == 1  # the BF16 original
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"{hf_llama}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8)")
@@ -167,15 +168,17 @@ def test_doctor_names_the_dense_prefill_kernel(tmp_path, capsys, monkeypatch):
     assert cli(args) == 0
     out = capsys.readouterr().out
     cublas = "1024+ tokens: cublas; other batches: flashinfer_sm90"
-    up = next(line for line in out.splitlines() if "gate_up_proj [2048 x 512] x1 (gate_proj + up_proj)" in line)
+    plans = doctor_plans(out)
+    up = next(line for line in plans if "gate_up_proj [2048 x 512] x1 (gate_proj + up_proj)" in line)
     assert cublas in up and up.endswith("; not deepgemm: not installed]")
-    assert out.count(cublas) == 4  # qkv, o, gate_up, down: every K a multiple of 512, every N of 128
+    assert "\n".join(plans).count(cublas) == 4  # qkv, o, gate_up, down: every K a multiple of 512, every N of 128
     monkeypatch.setenv("SGLANG_MXFP8_DISABLED_KERNELS", "cublas")
     settings.current.cache_clear()
-    assert cli(args) == 0 and "1024+ tokens" not in capsys.readouterr().out
+    assert cli(args) == 0 and "1024+ tokens" not in "\n".join(doctor_plans(capsys.readouterr().out))
     monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": None)
     assert cli(args) == 0
-    assert capsys.readouterr().out.count("1024+ tokens: deepgemm; other batches: flashinfer_sm90") == 4
+    plans = "\n".join(doctor_plans(capsys.readouterr().out))
+    assert plans.count("1024+ tokens: deepgemm; other batches: flashinfer_sm90") == 4
 
 
 @pytest.mark.parametrize("flashinfer_here", [True, False])

@@ -244,6 +244,7 @@ def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path
     convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
     monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path / "dg"))
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.setenv("SGLANG_MXFP8_DISABLED_KERNELS", "moe_gemv,triton_w8a8_moe")  # read fresh: conftest
     built = []
     monkeypatch.setattr(FlashInferSm90, "prebuild", lambda self: built.append(self.name))
     args = ["build", "--gpu", "h200", "--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend", "triton",
@@ -267,10 +268,11 @@ def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path
 
 @pytest.mark.skipif(shutil.which(fs.nvcc_compiler()) is None, reason="needs nvcc (CUDA toolkit) on this machine")
 def test_build_command_compiles_the_fused_moe_grouped_kernels(tmp_path, monkeypatch, capsys):
-    """``sglang-mxfp8 build --moe-runner-backend flashinfer_cutlass --model M``: besides the dense layers', the
-    grouped kernels FlashInfer's FP8 block-scale fused MoE compiles on first use (FC1 [2I, H] and FC2 [H, I] per
-    expert, GroupedWithOffset) for every batch up to --max-tokens, named as FlashInfer's JIT names them and real
-    sm_90a cubins."""
+    """``sglang-mxfp8 build --moe-runner-backend flashinfer_cutlass --model M`` with FlashInfer's fused MoE alone
+    (its band kernels disabled): besides the dense layers', the grouped kernels FlashInfer's FP8 block-scale fused MoE
+    compiles on first use (FC1 [2I, H] and FC2 [H, I] per expert, GroupedWithOffset) for every batch up to
+    --max-tokens, named as FlashInfer's JIT names them and real sm_90a cubins. With its bands, the fused MoE serves
+    no batch of this model past one token, and neither its module nor those kernels are built."""
     from sglang_mxfp8.cli import main as cli
     from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
@@ -281,6 +283,7 @@ def test_build_command_compiles_the_fused_moe_grouped_kernels(tmp_path, monkeypa
     convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)  # 8 experts, hidden 256, intermediate 128
     monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path / "dg"))
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.setenv("SGLANG_MXFP8_DISABLED_KERNELS", "moe_gemv,triton_w8a8_moe")  # read fresh: conftest
     built = []
     for kernel in (FlashInferSm90, FlashInferCutlassSm90MoE):  # the JIT modules: tests/test_flashinfer_moe_build.py
         monkeypatch.setattr(kernel, "prebuild", lambda self: built.append(self.name))

@@ -8,6 +8,8 @@ import pytest
 import torch
 from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
 
+from conftest import doctor_plans
+
 from sglang_mxfp8 import platform
 from sglang_mxfp8.kernels.base import Mxfp8ConfigError
 from sglang_mxfp8.kernels.moe.common import non_standard
@@ -98,7 +100,7 @@ def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch, no_deep_gem
     def moe_line():
         settings.current.cache_clear()
         assert cli(doctor) == 0
-        line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("  MoE"))
+        line = next(s for s in doctor_plans(capsys.readouterr().out) if s.startswith("  MoE"))
         assert line.startswith("  MoE model.layers.N.mlp.experts (hidden 256, intermediate 128): ")
         return line
 
@@ -137,7 +139,7 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch, no_deep
     cli, doctor = _doctor_on_tiny_model(tmp_path)
     doctor += ["--fp8-gemm-backend", "flashinfer_trtllm"]
     assert cli(doctor) == 0
-    assert [s for s in capsys.readouterr().out.splitlines() if "gemv;" in s] == []
+    assert [s for s in doctor_plans(capsys.readouterr().out) if "gemv;" in s] == []
     _, wide = _doctor_on_tiny_model(tmp_path / "wide", hidden=2048, moe_intermediate=768, experts=2, layers=1,
                                     heads=32, kv_heads=4, head_dim=128)
     wide += ["--fp8-gemm-backend", "flashinfer_trtllm"]
@@ -145,7 +147,7 @@ def test_doctor_names_the_one_token_gemvs(tmp_path, capsys, monkeypatch, no_deep
     def gemv_lines():
         settings.current.cache_clear()
         assert cli(wide) == 0
-        return [s for s in capsys.readouterr().out.splitlines() if "1 token:" in s]
+        return [s for s in doctor_plans(capsys.readouterr().out) if "1 token:" in s]
 
     lines = gemv_lines()
     assert len(lines) == 3, lines
@@ -189,8 +191,8 @@ def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, no_deep_ge
 
     def run(*flags):
         status = cli(doctor + list(flags))
-        lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith(("  dense", "  MoE", "--ep"))]
-        return status, lines
+        out = capsys.readouterr().out
+        return status, doctor_plans(out) + [s for s in out.splitlines() if s.startswith("--ep")]
 
     status, (qkv, o, moe) = run("--tp", "4")  # 192 rows per rank, off the 128 grid: the masked MoE
     assert status == 0
@@ -198,15 +200,15 @@ def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, no_deep_ge
             "other batches: flashinfer_sm90") in qkv
     assert "o_proj [2048 x 4096] x1, [2048 x 1024] per rank: 1024+ tokens: cublas; other batches: flashinfer_sm90" in o
     assert moe.startswith("  MoE model.layers.N.mlp.experts (hidden 2048, intermediate 768, 192 per rank): other "
-                          "batches: triton_w8a8_moe ")
+                          "batches: triton_w8a8_moe [")
     status, (qkv, o, moe) = run("--tp", "8")  # 4 key/value heads on 8 ranks: one per rank, replicated
     assert status == 0 and "[768 x 2048] per rank" in qkv and "[2048 x 512] per rank" in o
-    assert "96 per rank): other batches: triton_w8a8_moe " in moe
+    assert "96 per rank): other batches: triton_w8a8_moe [" in moe
     status, (qkv, o, moe) = run("--tp", "4", "--ep-size", "4")  # whole experts: neither CUTLASS prefill nor GEMV
     assert status == 0 and "[1280 x 2048] per rank" in qkv
-    assert moe.endswith("(hidden 2048, intermediate 768, experts split 4 ways): other batches: triton_moe (SGLang's "
-                        "Triton fused MoE, block FP8 128x128 after lossless scale conversion) [not moe_gemv: expert "
-                        "parallel size 4; not deepgemm_moe: not installed; not cutlass_moe: expert parallel size 4]")
+    assert moe.endswith("(hidden 2048, intermediate 768, experts split 4 ways): other batches: triton_moe [not "
+                        "moe_gemv: expert parallel size 4; not deepgemm_moe: not installed; not cutlass_moe: expert "
+                        "parallel size 4]")
     status, (qkv, o, moe) = run("--tp", "2")
     assert status == 0 and "[2560 x 2048] per rank" in qkv and "[2048 x 2048] per rank" in o
     assert "(hidden 2048, intermediate 768, 384 per rank): 2048+ tokens: cutlass_moe; other batches: triton_moe" in moe

@@ -52,6 +52,10 @@ def _num(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def _x(r: dict) -> Optional[int]:
+    return r["tokens"] or r["concurrency"]
+
+
 def _point(r: dict) -> str:
     return f"{r['tokens']} tok" if r["tokens"] is not None else f"c{r['concurrency']}" if r["concurrency"] else ""
 
@@ -223,23 +227,31 @@ def plot(rows: Sequence[dict], out_dir: Path) -> List[Path]:
     written = []
     for routine in sorted({r["routine"] for r in rows}):
         groups = [(k, v) for k, v in figures(rows).items() if k[0] == routine and any(r["ratio"] for r in v)]
+        series = [(k, v) for k, v in groups if len(v) > 1 and all(_x(r) for r in v)]
+        single = [(k, v) for k, v in groups if (k, v) not in series]
         if not groups:
             continue
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        for i, (key, grp) in enumerate(groups):
-            pts = [(r["tokens"] or r["concurrency"] or 0, r["ratio"]) for r in grp if r["ratio"] is not None]
-            label = figure_label(key)[:70]
-            if all(x for x, _ in pts) and len(pts) > 1:
-                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
-            else:
-                ax.bar([i], [pts[0][1]], label=label)
-        if all(r["tokens"] for _, v in groups for r in v):
+        fig, axes = plt.subplots(1, (1 if series else 0) + (1 if single else 0), figsize=(12, 4.8), squeeze=False)
+        axes = list(axes[0])
+        if series:
+            ax = axes.pop(0)
+            for key, grp in series:
+                ax.plot([_x(r) for r in grp], [r["ratio"] for r in grp], marker="o",
+                        label=f"{key[1]}: {key[5] or flags_short(key[3])}"[:70])
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("tokens")
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_ylabel("MXFP8 / BF16 (above 1: MXFP8 ahead)")
-        ax.set_title(f"{routine}, {gpu_short(groups[0][1][0]['gpu'])}")
-        ax.legend(fontsize=7)
+            ax.set_xlabel("tokens" if grp[0]["tokens"] else "concurrency")
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+            ax.set_ylabel("MXFP8 / BF16 (above 1: MXFP8 ahead)")
+            ax.legend(fontsize=7)
+        if single:
+            ax = axes.pop(0)
+            labels = [f"{k[1]} ({_point(v[0])})".replace(" ()", "")[:40] for k, v in single]
+            ax.barh(range(len(single)), [v[0]["ratio"] for _, v in single])
+            ax.set_yticks(range(len(single)), labels, fontsize=7)
+            ax.axvline(1.0, color="grey", linewidth=0.8)
+            ax.set_xlabel("MXFP8 / BF16 (above 1: MXFP8 ahead)")
+        shapes = sorted({k[2] for k, _ in groups})
+        fig.suptitle(f"{routine}, {gpu_short(groups[0][1][0]['gpu'])}" + (f", {shapes[0]}" if len(shapes) == 1 else ""))
         path = out_dir / f"{routine}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=110)

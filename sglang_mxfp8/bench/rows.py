@@ -182,8 +182,21 @@ def _driver() -> Optional[str]:
     return out[0] if out else None
 
 
+def source_digest() -> str:
+    """A digest of the package's Python source: which code measured, where the git commit cannot say (a copy of the
+    tree, uncommitted changes)."""
+    import hashlib
+
+    package = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def environment(command: str, gpu_name: Optional[str] = None, sm: Optional[int] = None) -> Environment:
     """This machine's environment for a run of ``command`` (the GPU as given, e.g. by platform.visible_gpu())."""
-    return Environment(run=new_run_id(), gpu=gpu_name or "none", sm=sm,
-                       driver=_driver(), versions={name: _version(dist) for name, dist in LIBRARIES.items()},
+    versions = {name: _version(dist) for name, dist in LIBRARIES.items()}
+    versions["sglang_mxfp8_source"] = source_digest()
+    return Environment(run=new_run_id(), gpu=gpu_name or "none", sm=sm, driver=_driver(), versions=versions,
                        commit=_git_commit(), command=command)

@@ -52,22 +52,30 @@ class Step:
 
 
 class Progress:
-    """One line per step: which routine runs, how long the run has taken and about how long is left (each step's
-    estimate, scaled by how the steps so far compared with theirs)."""
+    """One line per step: which routine runs, how long the run has taken and about how long is left: the estimates
+    of the steps not finished, less the time the current one has run, scaled by how the finished steps compared with
+    their estimates (once they amount to a minute of estimates)."""
 
     def __init__(self, steps: List[Step]):
-        self.total, self.done, self.started = sum(s.estimate_s for s in steps), 0.0, time.monotonic()
+        self.total, self.started = sum(s.estimate_s for s in steps), time.monotonic()
+        self.done = self.done_s = 0.0  # estimates of the finished steps, and the time they took
+        self.step_started = self.started
         self.count, self.index = len(steps), 0
 
+    def begin(self) -> None:
+        self.index += 1
+        self.step_started = time.monotonic()
+
     def step(self, what: str) -> None:
-        elapsed = time.monotonic() - self.started
-        rate = elapsed / self.done if self.done > 0 else 1.0
-        left = max(0.0, (self.total - self.done) * rate)
-        print(f"bench [{self.index}/{self.count}] {what} | {_clock(elapsed)} elapsed, about {_clock(left)} left",
-              flush=True)
+        now = time.monotonic()
+        rate = min(3.0, max(0.5, self.done_s / self.done)) if self.done >= 60 else 1.0
+        left = max(0.0, (self.total - self.done) * rate - (now - self.step_started))
+        print(f"bench [{self.index}/{self.count}] {what} | {_clock(now - self.started)} elapsed, about {_clock(left)} "
+              "left", flush=True)
 
     def finish(self, step: Step) -> None:
         self.done += step.estimate_s
+        self.done_s += time.monotonic() - self.step_started
 
 
 def _clock(seconds: float) -> str:
@@ -267,7 +275,7 @@ def main(args) -> int:
     progress_box.append(Progress(steps))
     skipped = []
     for step in steps:
-        progress_box[0].index += 1
+        progress_box[0].begin()
         if time.monotonic() + step.estimate_s > deadline():
             skipped.append(step.name)
             progress(f"{step.name}: not started, the --time-limit would pass first")
