@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The tests, on a fresh machine too (README's test command; .ci/run calls it): a pinned CPU virtual environment
 # (ci/requirements.txt + ci/constraints.txt; SGLang installed with --no-deps so its CUDA torch pin never lands on a
-# CPU machine), built once per requirements hash under ~/.cache/sglang_mxfp8 (about 7 minutes and 7 GB the first time:
-# PyPI has no CPU-only torch for x86-64 Linux, so the venv holds torch 2.14.1 with its CUDA libraries), this package
-# installed editable (so its .pth startup hook is live in subprocesses), then pytest with the oldest supported SGLang
-# (0.5.10.post1, in the venv), then the tests that touch SGLang again with the newest (ci/newest.txt, a folder on
-# PYTHONPATH; about 1 GB and a minute the first time). Extra arguments go to both pytest runs.
+# CPU machine), built once per requirements hash under ~/.cache/sglang_mxfp8 (PyPI has no CPU-only torch for x86-64
+# Linux, so the venv holds torch 2.14.1 with its CUDA libraries: 7.9 GB), this package installed editable (so its
+# .pth startup hook is live in subprocesses), then pytest with the oldest supported SGLang (0.5.10.post1, in the venv),
+# then the tests that touch SGLang again with the newest (ci/newest.txt, a folder on PYTHONPATH). Each step says what
+# it does and how long it took. Extra arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,23 +13,34 @@ PY=${PYTHON:-python3}
 KEY=$(cat ci/requirements.txt ci/constraints.txt | sha256sum | cut -c1-12)
 VENV=${SGLANG_MXFP8_VENV:-$HOME/.cache/sglang_mxfp8/venv-$KEY}
 NEWEST=$VENV/sglang-newest-$(sha256sum ci/newest.txt | cut -c1-12)
+PIP=(--disable-pip-version-check --progress-bar off)
+START=$SECONDS
+
+say() {  # a step, with the time the run has taken so far
+  echo "ci/test.sh [$(( (SECONDS - START) / 60 ))m$(( (SECONDS - START) % 60 ))s] $*"
+}
+
 if [ ! -f "$VENV/.complete" ]; then
-  echo "ci/test.sh: creating $VENV"
+  say "building the test environment $VENV (once per ci/requirements.txt and ci/constraints.txt; a few minutes)"
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r ci/requirements.txt -c ci/constraints.txt
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps sglang==0.5.10.post1
+  "$VENV/bin/python" -m pip install "${PIP[@]}" -r ci/requirements.txt -c ci/constraints.txt |
+    { grep -v "^Requirement already" || true; }
+  "$VENV/bin/python" -m pip install "${PIP[@]}" --no-deps sglang==0.5.10.post1
   touch "$VENV/.complete"
+  say "test environment ready ($(du -sh "$VENV" | cut -f1))"
 fi
 if [ ! -f "$NEWEST/.complete" ]; then
-  echo "ci/test.sh: creating $NEWEST"
+  say "adding the newest supported SGLang ($(grep '^sglang==' ci/newest.txt)) beside it in $NEWEST (once)"
   rm -rf "$NEWEST"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$NEWEST" --only-binary=:all: \
+  "$VENV/bin/python" -m pip install "${PIP[@]}" -q --no-deps --target "$NEWEST" --only-binary=:all: \
     --python-version 3.12 --platform manylinux_2_34_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -r ci/newest.txt
   touch "$NEWEST/.complete"
+  say "newest SGLang ready ($(du -sh "$NEWEST" | cut -f1))"
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+say "installing this package (editable)"
+"$VENV/bin/python" -m pip install "${PIP[@]}" -q --no-deps --no-build-isolation -e .
 
 run_pytest() {  # pytest's exit status, with "collected nothing" (5) as a failure
   set +e
@@ -39,9 +50,10 @@ run_pytest() {  # pytest's exit status, with "collected nothing" (5) as a failur
   if [ "$rc" -eq 5 ]; then echo "ci/test.sh: pytest collected no tests"; return 1; fi
   return "$rc"
 }
-echo "ci/test.sh: all tests, sglang $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
-run_pytest "$VENV/bin/python" -m pytest -q tests "$@" || rc=$?
+say "all tests, sglang $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))') (one line per file)"
+run_pytest "$VENV/bin/python" -m pytest tests "$@" || rc=$?
 SGLANG_TESTS=$(grep -l "sglang\.bench_serving\|sglang\.srt\|sglang_mxfp8\.sglang\|import sglang\|run_python\|set_server_args\|mxfp8_linear" tests/test_*.py)
-echo "ci/test.sh: tests that touch SGLang, sglang $(PYTHONPATH=$NEWEST "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
-PYTHONPATH=$NEWEST run_pytest "$VENV/bin/python" -m pytest -q $SGLANG_TESTS "$@" || rc=$?
+say "tests that touch SGLang, sglang $(PYTHONPATH=$NEWEST "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
+PYTHONPATH=$NEWEST run_pytest "$VENV/bin/python" -m pytest $SGLANG_TESTS "$@" || rc=$?
+say "done"
 exit "${rc:-0}"

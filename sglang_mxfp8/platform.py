@@ -155,25 +155,3 @@ def deep_gemm_missing(api: str, needs: str = "") -> Optional[str]:
     if fn is None or (needs and not _takes(fn, needs)):
         return f"deep_gemm {getattr(deep_gemm, '__version__', '?')} has no {api}" + (f" with {needs}" if needs else "")
     return None
-
-
-@functools.lru_cache(maxsize=None)
-def cublas_blockscale_missing() -> Optional[str]:
-    """Why torch's ``scaled_mm`` cannot run cuBLAS's 1x128 x 128x128 block-scaled FP8 GEMM on this GPU (torch too
-    old, off SM90, cuBLASLt before 12.9), or None. Without a visible GPU nothing can be probed: None."""
-    import torch
-    import torch.nn.functional as F
-
-    if not hasattr(F, "ScalingType"):
-        return f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
-    if not torch.cuda.is_available():
-        return None
-    from .ops.cublas_sm90 import blockscale_gemm
-
-    try:
-        w = torch.zeros(128, 512, dtype=torch.float8_e4m3fn, device=f"cuda:{torch.cuda.current_device()}")
-        one = torch.ones(1, 4, dtype=torch.float32, device=w.device)  # SGLang sets a bf16 default dtype
-        blockscale_gemm(torch.ones(4, 512, dtype=torch.bfloat16, device=w.device), w, one)
-    except (RuntimeError, NotImplementedError, ValueError) as e:
-        return f"torch {torch.__version__}: {str(e).splitlines()[0]}"
-    return None

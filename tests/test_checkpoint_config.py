@@ -51,20 +51,18 @@ def test_launch_stops_in_one_line_on_a_config_that_is_not_mxfp8(tmp_path):
 
 def test_doctor_and_launch_refuse_the_same_moe_flag(tmp_path, capsys):
     """doctor --gpu h200 --moe-runner-backend flashinfer_trtllm on a MoE checkpoint says what the launch says."""
-    from types import SimpleNamespace
-
     from sglang_mxfp8.cli import main as cli
     from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
     from sglang_mxfp8.platform import GpuSpec
-    from sglang_mxfp8.sglang.plugin import Mxfp8LaunchError, validate_launch
+    from sglang_mxfp8.sglang.launch import LaunchConfig, Mxfp8LaunchError, validate_launch
 
     mx = tmp_path / "mx"
     convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
     assert cli(["doctor", "--gpu", "h200", "--model", str(mx), "--moe-runner-backend", "flashinfer_trtllm"]) == 1
     out = capsys.readouterr().out
     moe = " ".join(out[out.index("\n  MoE"):].split())  # the MoE layer's line and its wrapped plan or error below it
-    args = SimpleNamespace(fp8_gemm_runner_backend="auto", moe_runner_backend="flashinfer_trtllm", model_path=str(mx))
+    args = LaunchConfig(model_path=str(mx), moe_flag="flashinfer_trtllm")
     with pytest.raises(Mxfp8LaunchError) as e:
         validate_launch(args, GpuSpec("NVIDIA H200", 90))
     assert f"(hidden 256, intermediate 128) ERROR {e.value.message}" in moe

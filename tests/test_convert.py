@@ -155,6 +155,7 @@ def test_doctor_names_the_dense_prefill_kernel(tmp_path, capsys, monkeypatch):
     K % 512 == 0 (with why not DeepGEMM), unless switched off."""
     transformers = pytest.importorskip("transformers")
     from sglang_mxfp8 import platform
+    from sglang_mxfp8.ops import cublas_sm90
 
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1024, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
@@ -164,7 +165,7 @@ def test_doctor_names_the_dense_prefill_kernel(tmp_path, capsys, monkeypatch):
     from sglang_mxfp8 import settings
 
     monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": "not installed")
-    monkeypatch.setattr(platform, "cublas_blockscale_missing", lambda: None)
+    monkeypatch.setattr(cublas_sm90, "unsupported", lambda: None)
     assert cli(args) == 0
     out = capsys.readouterr().out
     cublas = "1024+ tokens: cublas; other batches: flashinfer_sm90"

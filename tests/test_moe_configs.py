@@ -16,11 +16,12 @@ import pytest
 import sglang
 
 from conftest import set_server_args, write_config
-from sglang_mxfp8.sglang import plugin
+from sglang_mxfp8.sglang import compat
+from sglang_mxfp8.sglang.patches import moe_config as patch
 
 H200_FP8_BLOCK = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
 SGLANG_CONFIG_MODULE = next(path for path in (Path(sglang.__file__).parent.parent / f"{name.replace('.', '/')}.py"
-                                             for name in plugin.MOVED["moe_config"]) if path.is_file())  # by release
+                                             for name in compat.MOVED["moe_config"]) if path.is_file())  # by release
 SGLANG_CONFIGS = SGLANG_CONFIG_MODULE.parent / "configs"
 
 
@@ -39,11 +40,11 @@ def serve(model_path, **overrides):
 
 
 def patched(module):
-    return plugin.with_tuned_moe_configs(module.get_moe_configs, module)
+    return patch.with_tuned_moe_configs(module.get_moe_configs, module)
 
 
 def shipped():
-    return json.loads((plugin.TUNED_MOE_CONFIGS / "triton_3_6_0" / H200_FP8_BLOCK).read_text())
+    return json.loads((patch.TUNED_MOE_CONFIGS / "triton_3_6_0" / H200_FP8_BLOCK).read_text())
 
 
 def test_mxfp8_launch_gets_our_measured_config(miles_ckpt, caplog):
@@ -76,16 +77,16 @@ def test_sglang_keeps_its_choice(case, miles_ckpt, tmp_path, monkeypatch):
 
 
 def test_config_sglang_ships_for_the_running_triton_wins(tmp_path):
-    ours = plugin.tuned_moe_config(H200_FP8_BLOCK, "3.6.0", str(tmp_path))
-    assert ours == plugin.TUNED_MOE_CONFIGS / "triton_3_6_0" / H200_FP8_BLOCK
+    ours = patch.tuned_moe_config(H200_FP8_BLOCK, "3.6.0", str(tmp_path))
+    assert ours == patch.TUNED_MOE_CONFIGS / "triton_3_6_0" / H200_FP8_BLOCK
     (tmp_path / "configs/triton_3_6_0").mkdir(parents=True)
     (tmp_path / "configs/triton_3_6_0" / H200_FP8_BLOCK).write_text("{}")
-    assert plugin.tuned_moe_config(H200_FP8_BLOCK, "3.6.0", str(tmp_path)) is None
-    assert plugin.tuned_moe_config(H200_FP8_BLOCK, "3.5.1", str(SGLANG_CONFIGS.parent)) is None
+    assert patch.tuned_moe_config(H200_FP8_BLOCK, "3.6.0", str(tmp_path)) is None
+    assert patch.tuned_moe_config(H200_FP8_BLOCK, "3.5.1", str(SGLANG_CONFIGS.parent)) is None
 
 
 def test_shipped_configs_fit_the_block_fp8_kernel():
-    for path in plugin.TUNED_MOE_CONFIGS.glob("triton_*/*.json"):
+    for path in patch.TUNED_MOE_CONFIGS.glob("triton_*/*.json"):
         configs = json.loads(path.read_text())
         block_k = json.loads("[" + path.name.split("block_shape=[")[1].split("]")[0] + "]")[1]
         for m, c in configs.items():

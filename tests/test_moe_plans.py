@@ -11,6 +11,7 @@ from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
 from conftest import doctor_plans
 
 from sglang_mxfp8 import platform
+from sglang_mxfp8.ops import cublas_sm90
 from sglang_mxfp8.kernels.base import Mxfp8ConfigError
 from sglang_mxfp8.kernels.moe.common import non_standard
 from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
@@ -25,7 +26,7 @@ H200 = GpuSpec("NVIDIA H200", 90)
 @pytest.fixture
 def no_deep_gemm(monkeypatch):
     monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": "not installed")
-    monkeypatch.setattr(platform, "cublas_blockscale_missing", lambda: None)
+    monkeypatch.setattr(cublas_sm90, "unsupported", lambda: None)
 
 
 @pytest.mark.parametrize("min_m,max_m,top_k,experts", [(1024, 8192, 8, 128), (1024, 16384, 8, 128), (1024, 8192, 4, 16)])

@@ -21,7 +21,7 @@ def test_wheel_carries_startup_hook_and_entry_points(tmp_path):
         shipped = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "sglang_mxfp8/sglang/moe_configs").glob("*/*.json"))
         assert shipped and all(n in names for n in shipped), (shipped, names)
     assert "sglang-mxfp8 = sglang_mxfp8.cli:main" in entry_points
-    assert "[sglang.srt.plugins]" in entry_points and "mxfp8 = sglang_mxfp8.sglang.plugin:register" in entry_points
+    assert "[sglang.srt.plugins]" in entry_points and "mxfp8 = sglang_mxfp8.sglang.patches:register" in entry_points
 
 
 def test_hook_is_silent_where_the_package_is_gone(tmp_path):

@@ -16,10 +16,10 @@ from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
 from sglang_mxfp8.cli.doctor import KNOWN_GPUS
 from sglang_mxfp8.format.numerics import quantize_mxfp8
 from sglang_mxfp8.platform import GpuSpec
-from sglang_mxfp8.sglang import plugin, quant_methods
+from sglang_mxfp8.sglang import compat, quant_methods
 import conftest
 
-flags = sys.modules[plugin.sglang_object("piecewise_graph_flag").__module__]  # where this SGLang keeps it
+flags = sys.modules[compat.sglang_object("piecewise_graph_flag").__module__]  # where this SGLang keeps it
 enable_piecewise_cuda_graph = getattr(flags, "enable_piecewise_cuda_graph", None) or flags.enable_tc_piecewise_cuda_graph
 
 initialize_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sglang_mxfp8 import platform
+from sglang_mxfp8.ops import cublas_sm90
 from sglang_mxfp8.kernels import registry
 from sglang_mxfp8.kernels.base import LinearSpec
 from sglang_mxfp8.ops import deepgemm_sm90
@@ -27,7 +28,7 @@ def test_precompile_runs_each_kernel_on_the_batches_it_serves(deep_gemm, max_m, 
     """Plan.precompile hands each kernel the batch range it will serve up to the server's largest batch: FlashInfer's
     tile configs stop below the 1024-token prefill kernel, DeepGEMM's start there."""
     monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": None if deep_gemm else "not installed")
-    monkeypatch.setattr(platform, "cublas_blockscale_missing", lambda: None)
+    monkeypatch.setattr(cublas_sm90, "unsupported", lambda: None)
     monkeypatch.setattr(platform, "flashinfer_missing", lambda: None)
     plan = registry.select_linear(LinearSpec("o_proj", 5120, 2048), H200, "auto", Settings())
     ran = []

@@ -1,5 +1,7 @@
 """Refit safety of in-place conversion: idempotent, storage never moves, partial reloads detected."""
 
+import json
+
 import pytest
 import torch
 
@@ -161,9 +163,12 @@ def test_load_tracker_refuses_a_weight_loaded_without_its_scale():
     dense_s.weight_loader(dense_s, _u8(8, 2))
     with pytest.raises(ValueError, match=r"down_proj\.weight: the checkpoint loaded the scale without the weight"):
         dense.check()
-    with pytest.raises(ValueError, match=r"down_proj\.weight: checkpoint tensor is torch.bfloat16, expected "
+    with pytest.raises(ValueError, match=r"down_proj\.weight: checkpoint tensor is torch.int8, expected "
                                          r"torch.float8_e4m3fn for an MXFP8 checkpoint; convert"):
-        dense_w.weight_loader(dense_w, torch.randn(8, 64, dtype=torch.bfloat16))
+        dense_w.weight_loader(dense_w, torch.zeros(8, 64, dtype=torch.int8))
+    with pytest.raises(ValueError, match=r"down_proj\.weight: a torch.bfloat16 tensor of shape \[8, 48\] cannot be "
+                                         r"MXFP8 \(K not a multiple of 32\)"):
+        dense_w.weight_loader(dense_w, torch.zeros(8, 48, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match=r"experts\.w13_weight \(shards \('w1', 1\)\): weight \[8, 64\] needs a scale "
                                          r"of shape \[8, 2\] \(one per 32 along K\), the checkpoint has \[8, 3\]"):
         w13.weight_loader(w13, _fp8(8, 64), "experts.1.gate_proj.weight", shard_id="w1", expert_id=1)
@@ -236,3 +241,62 @@ def _moe_style_loader_rows(param, loaded_weight, weight_name, shard_id=None, exp
     rows = loaded_weight.shape[0]
     start = rows if shard_id == "w3" else 0
     param.data[expert_id, start : start + rows].copy_(loaded_weight)
+
+
+@pytest.mark.parametrize("rounding", ["ceil", "floor"])
+def test_bf16_weights_a_trainer_sends_are_served_as_the_converter_writes_them(tmp_path, rounding):
+    """update_weights_from_tensor with BF16 tensors for layers served as MXFP8: each is quantized where its parameter
+    lives with the checkpoint's scale rounding, and the FP8 weight and its scale loaded (through SGLang's loaders'
+    calling conventions, dense and MoE) are byte for byte what ``sglang-mxfp8 convert`` writes for the same tensors
+    (real safetensors files); the scale is recorded, so the post-load check passes, and no float copy is kept."""
+    from safetensors.torch import load_file, save_file
+    from sglang.srt.layers.parameter import ModelWeightParameter
+    from sglang.srt.model_loader.weight_utils import default_weight_loader
+
+    from sglang_mxfp8.format.convert import convert
+    from sglang_mxfp8.format.refit import LoadTracker
+
+    g = torch.Generator().manual_seed(11)
+    trainer = {"model.layers.0.mlp.down_proj.weight": (torch.randn(64, 256, generator=g) * 0.05).bfloat16(),
+               **{f"model.layers.0.mlp.experts.{e}.{p}.weight": (torch.randn(16, 64, generator=g)
+                                                                * torch.logspace(-3, 1, 64)).bfloat16()
+                  for e in range(2) for p in ("gate_proj", "up_proj")}}
+    (tmp_path / "bf16").mkdir()
+    save_file(trainer, str(tmp_path / "bf16" / "model.safetensors"))
+    (tmp_path / "bf16" / "config.json").write_text('{"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 1}')
+    convert(tmp_path / "bf16", tmp_path / "mx", progress=False, rounding=rounding)
+    written = load_file(str(tmp_path / "mx" / "model.safetensors"))
+    assert json.loads((tmp_path / "mx" / "config.json").read_text())["quantization_config"]["scale_rounding"] == rounding
+
+    dense_w = ModelWeightParameter(data=torch.zeros(64, 256, dtype=torch.float8_e4m3fn), input_dim=1, output_dim=0,
+                                   weight_loader=default_weight_loader)
+    dense_s = torch.nn.Parameter(torch.zeros(64, 8, dtype=torch.uint8), requires_grad=False)
+    dense = LoadTracker("model.layers.0.mlp.down_proj", {"": (dense_w, dense_s)}, rounding=rounding)
+    dense_w.weight_loader(dense_w, trainer["model.layers.0.mlp.down_proj.weight"])
+    dense.check()
+    assert torch.equal(dense_w.view(torch.uint8), written["model.layers.0.mlp.down_proj.weight"].view(torch.uint8))
+    assert torch.equal(dense_s, written["model.layers.0.mlp.down_proj.weight_scale_inv"])
+
+    w13 = torch.nn.Parameter(torch.zeros(2, 32, 64, dtype=torch.float8_e4m3fn), requires_grad=False)
+    s13 = torch.nn.Parameter(torch.zeros(2, 32, 2, dtype=torch.uint8), requires_grad=False)
+    names = []
+
+    def fused_moe_loader(param, loaded_weight, weight_name, shard_id=None, expert_id=None):
+        names.append((weight_name, str(loaded_weight.dtype)))  # FusedMoE routes a scale by "scale" in its name
+        assert ("scale" in weight_name) == (loaded_weight.dtype == torch.uint8)
+        _moe_style_loader_rows(param, loaded_weight, weight_name, shard_id, expert_id)
+
+    for p in (w13, s13):
+        p.weight_loader = fused_moe_loader
+    moe = LoadTracker("model.layers.0.mlp.experts", {"w13": (w13, s13)}, rounding=rounding)
+    for e in range(2):
+        for proj, shard in (("gate_proj", "w1"), ("up_proj", "w3")):
+            w13.weight_loader(w13, trainer[f"model.layers.0.mlp.experts.{e}.{proj}.weight"],
+                              "model.layers.0.mlp.experts.w13_weight", shard_id=shard, expert_id=e)
+    moe.check()
+    assert ("model.layers.0.mlp.experts.w13_weight_scale_inv", "torch.uint8") in names
+    for e in range(2):
+        for half, proj in ((slice(0, 16), "gate_proj"), (slice(16, 32), "up_proj")):
+            name = f"model.layers.0.mlp.experts.{e}.{proj}.weight"
+            assert torch.equal(w13[e, half].view(torch.uint8), written[name].view(torch.uint8)), name
+            assert torch.equal(s13[e, half], written[name + "_scale_inv"]), name

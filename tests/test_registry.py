@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from sglang_mxfp8 import platform
+from sglang_mxfp8.ops import cublas_sm90
 from sglang_mxfp8.kernels import registry as r
 from sglang_mxfp8.kernels.base import LinearSpec, MoESpec, Mxfp8ConfigError
 from sglang_mxfp8.platform import GpuSpec
@@ -29,7 +30,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sglang_mxfp8"
 def libraries(monkeypatch):
     """FlashInfer present, cuBLAS's block-scaled GEMM usable, DeepGEMM absent unless a test says otherwise."""
     monkeypatch.setattr(platform, "flashinfer_missing", lambda: None)
-    monkeypatch.setattr(platform, "cublas_blockscale_missing", lambda: None)
+    monkeypatch.setattr(cublas_sm90, "unsupported", lambda: None)
     monkeypatch.setattr(platform, "deep_gemm_missing", lambda api, needs="": "deep_gemm does not import (test)")
 
     def set_deep_gemm(present: bool):

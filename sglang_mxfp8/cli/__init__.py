@@ -63,9 +63,10 @@ def _parallel_size(text: str) -> int:
 
 
 def _backend_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fp8-gemm-backend", default="auto", choices=DENSE_FLAGS, metavar="BACKEND",
+    """SGLang's two backend flags, read into the launch configuration's names (sglang/launch.py)."""
+    p.add_argument("--fp8-gemm-backend", dest="dense_flag", default="auto", choices=DENSE_FLAGS, metavar="BACKEND",
                    help=f"{DENSE_HELP} (default: auto)")
-    p.add_argument("--moe-runner-backend", default="auto", choices=MOE_FLAGS, metavar="BACKEND",
+    p.add_argument("--moe-runner-backend", dest="moe_flag", default="auto", choices=MOE_FLAGS, metavar="BACKEND",
                    help=f"{MOE_HELP} (default: auto)")
 
 

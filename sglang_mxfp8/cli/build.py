@@ -23,7 +23,22 @@ from .doctor import gpu_from_arg
 SMS = {"h100": 132, "h200": 132}
 
 
+# the pip package that brings a module the builds import
+PIP = {"flashinfer": "flashinfer-python", "deep_gemm": "sgl-deep-gemm", "torch": "torch"}
+
+
 def build(args) -> int:
+    try:
+        return _build(args)
+    except ModuleNotFoundError as e:
+        name = (e.name or "").split(".")[0]
+        print(f"sglang-mxfp8 build: {name or e} is not installed here, and the kernels of these plans compile with it: "
+              f"pip install {PIP.get(name, name)} (pip install -e \".[serve]\" brings SGLang and FlashInfer)",
+              file=sys.stderr)
+        return 2
+
+
+def _build(args) -> int:
     from ..platform import as_on_a_server, multiprocessors, visible_gpu
 
     gpu = gpu_from_arg(args.gpu)
@@ -44,7 +59,7 @@ def build(args) -> int:
         try:
             plans = _plans(args, gpu)
             kernels = [e.kernel for plan in plans for e, _, _ in plan.ranges(args.max_tokens)] if args.model else [
-                k for kind, flag in (("linear", args.fp8_gemm_backend), ("moe", args.moe_runner_backend))
+                k for kind, flag in (("linear", args.dense_flag), ("moe", args.moe_flag))
                 for k in registry.flag_kernels(kind, gpu, flag)]
         except Mxfp8ConfigError as e:
             print(f"sglang-mxfp8 build: {e}", file=sys.stderr)
@@ -76,7 +91,7 @@ def _plans(args, gpu) -> List[Plan]:
     if not args.model:
         return []
     plans = []
-    for what, plan in registry.plan_checkpoint(Path(args.model), gpu, args.fp8_gemm_backend, args.moe_runner_backend,
+    for what, plan in registry.plan_checkpoint(Path(args.model), gpu, args.dense_flag, args.moe_flag,
                                                args.tp, args.ep_size):
         if isinstance(plan, str):
             raise Mxfp8ConfigError(f"{what}: {plan}")

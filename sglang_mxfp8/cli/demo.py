@@ -3,6 +3,7 @@ served by stock SGLang and refit."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import List, Tuple
@@ -47,7 +48,21 @@ def _cpu_check(bf16: Path, mx: Path) -> List[str]:
 
 
 def demo(args) -> int:
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="sglang_mxfp8_demo_"))
+    """The demo in ``--workdir`` (kept), or in a temporary folder it names and removes at the end unless --keep."""
+    if args.workdir:
+        work = Path(args.workdir)
+        print(f"demo: writing its checkpoints to {work}")
+        return _demo(args, work)
+    work = Path(tempfile.mkdtemp(prefix="sglang_mxfp8_demo_"))
+    print(f"demo: writing its checkpoints to {work} ({'kept' if args.keep else 'removed at the end; --keep keeps them'})")
+    try:
+        return _demo(args, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _demo(args, work: Path) -> int:
     bf16, mx, mx2 = work / "tiny-qwen3-moe-bf16", work / "tiny-qwen3-moe-mxfp8", work / "tiny-qwen3-moe-mxfp8-step2"
     print(f"[1/4] writing a random Qwen3-MoE (BF16) to {bf16}")
     write_qwen3_moe(bf16, seed=0)
@@ -95,7 +110,7 @@ def _serve(args, work: Path, gpu: GpuSpec, mx: Path, mx2: Path) -> None:
 
     write_qwen3_moe(work / "step2-bf16", seed=1)
     convert(work / "step2-bf16", mx2, force=True, progress=False)
-    flags = f"{registry.DENSE_FLAG} {args.fp8_gemm_backend} {registry.MOE_FLAG} {args.moe_runner_backend}"
+    flags = f"{registry.DENSE_FLAG} {args.dense_flag} {registry.MOE_FLAG} {args.moe_flag}"
     print(f"[3/4] serving {mx} on {gpu.label}: python -m sglang.launch_server ... {flags}")
     s = Server("demo", str(mx), flags, args.port, work)
     try:

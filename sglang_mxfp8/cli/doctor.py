@@ -62,7 +62,8 @@ def doctor(args) -> int:
 def report(args, gpu: Optional[GpuSpec]) -> int:
     print(f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')}  flashinfer {_pkg('flashinfer-python')}  torch {_pkg('torch')}")
     print(f"startup hook: {startup_hook_status()}")
-    print(f"kernels: {', '.join(registry.kernel_names())} (SGLANG_MXFP8_DISABLED_KERNELS=name,... turns any off)")
+    print("\n".join(textwrap.wrap(f"kernels: {', '.join(registry.kernel_names())} "
+                                  "(SGLANG_MXFP8_DISABLED_KERNELS=name,... turns any off)", 100, subsequent_indent="  ")))
     if gpu is None:
         print("GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)")
     else:
@@ -106,7 +107,7 @@ def checkpoint_report(ckpt: Path, gpu: Optional[GpuSpec], args) -> int:
     if tp > 1:
         print(f"  at --tp {tp}" + (f" --ep-size {ep}" if ep > 1 else "") + ": kernels chosen on one rank's shard")
     status = 0
-    for what, plan in registry.plan_checkpoint(ckpt, gpu, args.fp8_gemm_backend, args.moe_runner_backend, tp, ep):
+    for what, plan in registry.plan_checkpoint(ckpt, gpu, args.dense_flag, args.moe_flag, tp, ep):
         print(f"  {what}")
         if isinstance(plan, str):
             print("\n".join(textwrap.wrap(f"ERROR {plan}", 100, initial_indent="    ", subsequent_indent="      ")))

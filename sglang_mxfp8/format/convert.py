@@ -129,10 +129,12 @@ def quantize_in_chunks(t: torch.Tensor, rounding: ScaleRounding, rows: int = 102
     return q, s
 
 
-def quantization_config(not_converted: List[str]) -> Dict:
+def quantization_config(not_converted: List[str], rounding: ScaleRounding = "ceil") -> Dict:
+    """The checkpoint's quantization_config: SGLang's MXFP8 keys, and the scale rounding the server quantizes weights
+    a trainer sends as BF16 with (SGLang ignores it)."""
     return {
         "quant_method": "mxfp8", "fmt": "e4m3", "weight_block_size": [1, MX_BLOCK], "scale_fmt": "ue8m0",
-        "activation_scheme": "dynamic", "modules_to_not_convert": sorted(not_converted),
+        "activation_scheme": "dynamic", "modules_to_not_convert": sorted(not_converted), "scale_rounding": rounding,
     }
 
 
@@ -314,7 +316,7 @@ def _write(src: Path, dst: Path, shards: List[str], config: Dict, rounding: Scal
             continue
         shutil.copy2(p, dst / p.name)
     validate(dst)
-    config["quantization_config"] = quantization_config(sorted(not_converted))
+    config["quantization_config"] = quantization_config(sorted(not_converted), rounding)
     (dst / "config.json").write_text(json.dumps(config, indent=2))  # last: a folder without it is no checkpoint
     return report
 

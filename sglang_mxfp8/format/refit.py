@@ -24,7 +24,7 @@ from typing import Callable, Dict
 
 import torch
 
-from .numerics import MX_BLOCK, block_exponents, exponents_to_scales, shift_to_block_exponents
+from .numerics import MX_BLOCK, ScaleRounding, block_exponents, exponents_to_scales, quantize_mxfp8, shift_to_block_exponents
 
 _SIG_CHUNK_BYTES = 1 << 24
 
@@ -67,6 +67,9 @@ def validate_loaded(weight: torch.Tensor, scale: torch.Tensor, name: str) -> Non
         )
 
 
+FLOAT_WEIGHTS = (torch.bfloat16, torch.float16, torch.float32)  # a trainer's weights, quantized on arrival
+
+
 class LoadTracker:
     """Which shards SGLang's loader wrote into a weight and into its scale since the last post-load step.
 
@@ -76,11 +79,18 @@ class LoadTracker:
     expert ids) with the tensor's shape; a scale whose shape does not fit its weight ([N, K] ->
     [N, K/32]) or a tensor of the wrong dtype is refused before it is copied; :meth:`check` compares
     the two key sets and then forgets them.
+
+    A BF16, FP16 or FP32 tensor for an MXFP8 weight (a trainer's weights, through SGLang's
+    ``update_weights_from_tensor``) is quantized where the parameter lives, with the converter's numbers and the
+    checkpoint's scale rounding, and loaded as the weight and its scale a checkpoint would have held: what
+    ``sglang-mxfp8 convert`` writes for that tensor, nothing of the float tensor kept.
     """
 
-    def __init__(self, name: str, pairs: Dict[str, tuple]):
-        """``pairs``: label -> (weight parameter, scale parameter), e.g. {"": (w, s)} or {"w13": ...}."""
-        self.name = name
+    def __init__(self, name: str, pairs: Dict[str, tuple], scale_name: str = "weight_scale_inv",
+                 rounding: ScaleRounding = "ceil"):
+        """``pairs``: label -> (weight parameter, scale parameter), e.g. {"": (w, s)} or {"w13": ...};
+        ``scale_name``: the scale's name in the checkpoint; ``rounding``: the scale rounding its converter used."""
+        self.name, self.pairs, self.scale_name, self.rounding = name, pairs, scale_name, rounding
         self.seen: Dict[tuple, Dict[tuple, torch.Size]] = {}
         for label, (weight, scale) in pairs.items():
             for kind, param in (("weight", weight), ("scale", scale)):
@@ -98,6 +108,8 @@ class LoadTracker:
         tensor = self._weight_name(label)
 
         def weight_loader(p, loaded_weight, *args, **kwargs):
+            if kind == "weight" and loaded_weight.dtype in FLOAT_WEIGHTS and expected == torch.float8_e4m3fn:
+                return self._load_quantized(label, p, loaded_weight, args, kwargs)
             if loaded_weight.dtype != expected:  # copy_ would cast it silently into garbage
                 raise ValueError(
                     f"{tensor}{'' if kind == 'weight' else ' scale'}: checkpoint tensor is {loaded_weight.dtype}, "
@@ -120,6 +132,21 @@ class LoadTracker:
             return original(p, loaded_weight, *args, **kwargs)
 
         setattr(param, attr, weight_loader)
+
+    def _load_quantized(self, label: str, param, loaded_weight: torch.Tensor, args: tuple, kwargs: dict):
+        """A float tensor for an MXFP8 weight: quantized on the parameter's device, then the weight and its scale
+        loaded through their own (wrapped) loaders with the same shard and expert ids, the scale under its name."""
+        if loaded_weight.shape[-1] % MX_BLOCK:
+            raise ValueError(f"{self._weight_name(label)}: a {loaded_weight.dtype} tensor of shape "
+                             f"{list(loaded_weight.shape)} cannot be MXFP8 (K not a multiple of {MX_BLOCK}); keep this "
+                             "layer BF16 (modules_to_not_convert)")
+        q, scale = quantize_mxfp8(loaded_weight.to(param.device), self.rounding)
+        scale_param = self.pairs[label][1]
+        # the tensor's name, where the loader takes one (a MoE's "...experts.w13_weight"): its scale's
+        scale_args = tuple(a[: -len("weight")] + self.scale_name if isinstance(a, str) and a.endswith("weight") else a
+                           for a in args)
+        scale_param.weight_loader(scale_param, scale, *scale_args, **kwargs)
+        return param.weight_loader(param, q, *args, **kwargs)
 
     def _weight_name(self, label: str) -> str:
         return f"{self.name}.{label}_weight" if label else f"{self.name}.weight"

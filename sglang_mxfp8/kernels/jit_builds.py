@@ -2,7 +2,7 @@
 
 ``python -m sglang_mxfp8.kernels.jit_builds KERNEL [KERNEL ...]`` builds each named registry kernel's JIT module
 (:meth:`~sglang_mxfp8.kernels.base.Kernel.prebuild`: CPU only, into the library's cache), all at once, and logs when
-each is ready. :func:`sglang_mxfp8.sglang.plugin.start_prebuilds` starts it from the launching process:
+each is ready. :func:`sglang_mxfp8.sglang.launch.start_prebuilds` starts it from the launching process:
 
 - before SGLang's own imports, so the longest build starts about when the launcher does, not after SGLang's imports
   and argument parsing;

@@ -2,20 +2,17 @@
 
 SGLang moved several patch targets between 0.5.10.post1 and 0.5.23; :data:`MOVED` lists each one's locations, oldest
 first, and :func:`sglang_object` answers with the first this SGLang has. Imports nothing of this package but its
-version constants, so the kernels and the benchmarks can ask without importing the patches.
+version constants, so the kernels and the benchmarks can ask without importing the patches; and nothing Python has not
+imported at its start (the startup hook reads it in every interpreter).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import logging
 from types import ModuleType
-from typing import Optional
 
 from .. import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG
-
-logger = logging.getLogger("sglang_mxfp8")
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,4 +119,6 @@ def warn_if_untested() -> None:
     """Log :func:`check_tested_range`'s line once per process."""
     line = check_tested_range()
     if line:
-        logger.warning(line)
+        import logging
+
+        logging.getLogger("sglang_mxfp8").warning(line)

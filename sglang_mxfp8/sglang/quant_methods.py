@@ -16,7 +16,6 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional
 
 import torch
-from sglang.srt.layers.moe import get_moe_runner_backend
 from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8LinearMethod, Fp8MoEMethod
 from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod, UnquantizedLinearMethod
 from sglang.srt.layers.quantization.utils import is_layer_skipped
@@ -29,7 +28,9 @@ from ..kernels.base import LinearSpec, MoESpec, log_once
 from ..kernels.moe.common import non_standard
 from ..platform import current_gpu
 from ..settings import current as current_settings
-from .plugin import check_complete, served_args, sglang_object
+from .compat import served_args, sglang_object
+from .launch import layer_flags
+from .patching import check_complete
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -70,10 +71,11 @@ class ConversionReport:
 class Mxfp8Config(Fp8Config):
     """Fp8Config for serialized MXFP8 checkpoints (miles/SGLang and ModelOpt), runnable from SM90."""
 
-    def __init__(self, *args, scale_name: str = "weight_scale_inv", **kwargs):
+    def __init__(self, *args, scale_name: str = "weight_scale_inv", scale_rounding: str = "ceil", **kwargs):
         check_complete()
         super().__init__(*args, **kwargs)
         self.scale_name = scale_name
+        self.scale_rounding = scale_rounding  # how weights a trainer sends as BF16 are quantized (the converter's)
         log_once(logging.INFO, f"sglang_mxfp8 {__version__} active in process "
                                f"{multiprocessing.current_process().name} (pid {os.getpid()})")
 
@@ -84,7 +86,9 @@ class Mxfp8Config(Fp8Config):
     def from_config(cls, config: Dict[str, Any]) -> "Mxfp8Config":
         fmt = checkpoint.detect_mxfp8(config)
         if fmt is None or fmt.flavor == checkpoint.MILES:
-            return super().from_config(config)
+            parsed = super().from_config(config)
+            parsed.scale_rounding = config.get("scale_rounding", "ceil")  # sglang-mxfp8 convert records it
+            return parsed
         ignored = []
         for name in fmt.ignored:
             base = name.removeprefix("model.")
@@ -114,16 +118,17 @@ class Mxfp8Config(Fp8Config):
             return super().get_quant_method(layer, prefix)
         skipped = is_layer_skipped(prefix, self.ignored_layers, fused_mapping=self.packed_modules_mapping)
         gpu = current_gpu()
+        dense_flag, moe_flag = layer_flags()
         if isinstance(layer, LinearBase):
             if skipped:
                 return UnquantizedLinearMethod()
-            if registry.native("linear", gpu, sglang_fp8_gemm_flag()):
+            if registry.native("linear", gpu, dense_flag):
                 return Fp8LinearMethod(self)  # SGLang's own Triton tl.dot_scaled MXFP8 kernel
             return Mxfp8LinearMethod(self, prefix)
         if isinstance(layer, FusedMoE):
             if skipped:
                 return UnquantizedFusedMoEMethod(layer.use_triton_kernels, layer.use_flashinfer_trtllm_moe)
-            if registry.native("moe", gpu, get_moe_runner_backend().value):
+            if registry.native("moe", gpu, moe_flag):
                 return Fp8MoEMethod(self)  # SGLang's own flashinfer_trtllm(_routed) / cutlass MXFP8 MoE
             return Mxfp8MoEMethod(self, prefix)
         return super().get_quant_method(layer, prefix)
@@ -140,20 +145,11 @@ def serving_max_tokens() -> Optional[int]:
     return max(chunk or 0, graph_bs or 0) or None
 
 
-def sglang_fp8_gemm_flag() -> str:
-    """The --fp8-gemm-backend value SGLang recorded for this process ('auto' before it is set)."""
-    try:
-        from sglang.srt.layers.quantization.fp8_utils import get_fp8_gemm_runner_backend
-    except ImportError:
-        return "auto"
-    return get_fp8_gemm_runner_backend().value
-
-
 def dispatch_w8a8_mxfp8_linear(n: int, k: int, *, layer: str = "layer", flag: Optional[str] = None, gpu=None,
                                dtype: torch.dtype = torch.bfloat16):
     """The dense MXFP8 kernels (a registry Plan) for a weight [n, k], from --fp8-gemm-backend, the GPU and the model
     dtype; SGLang's ``dispatch_w8a8_mxfp8_linear`` answers with it when called with a shape."""
-    return registry.select_linear(LinearSpec(layer, n, k, dtype), gpu or current_gpu(), flag or sglang_fp8_gemm_flag())
+    return registry.select_linear(LinearSpec(layer, n, k, dtype), gpu or current_gpu(), flag or layer_flags()[0])
 
 
 def _announce_plan(plan) -> None:
@@ -210,7 +206,8 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         _announce_plan(self.plan)
         super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra)
         self.quant_config.rename_scales(layer, ("",))
-        layer.mxfp8_loads = LoadTracker(self.prefix, {"": (layer.weight, getattr(layer, self.quant_config.scale_name))})
+        layer.mxfp8_loads = LoadTracker(self.prefix, {"": (layer.weight, getattr(layer, self.quant_config.scale_name))},
+                                        self.quant_config.scale_name, self.quant_config.scale_rounding)
         layer.mxfp8_state = self.plan.create_buffers(layer)
         layer.mxfp8_linear_index = len(_LINEAR_LAYERS)
         _LINEAR_LAYERS.append(weakref.ref(layer))
@@ -247,7 +244,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         spec = MoESpec(self.prefix, num_experts, hidden_size, intermediate_size_per_partition,
                        tp=getattr(layer, "moe_tp_size", 1), ep=ep, dtype=params_dtype,
                        non_standard=non_standard(config, ep) if config is not None else None)
-        self.plan = registry.select_moe(spec, current_gpu(), get_moe_runner_backend().value)
+        self.plan = registry.select_moe(spec, current_gpu(), layer_flags()[1])
         _announce_plan(self.plan)
         super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra)
         self.quant_config.rename_scales(layer, ("w13_", "w2_"))

@@ -107,7 +107,9 @@ def test_cublas_blockscale_matches_reference(m, n, k):
     others untouched."""
     from sglang_mxfp8.ops.cublas_sm90 import blockscale_gemm
 
-    assert platform.cublas_blockscale_missing() is None
+    from sglang_mxfp8.ops.cublas_sm90 import unsupported
+
+    assert unsupported() is None
     layer, be = _layer(FLASHINFER, n, k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from ... import platform
 from ..base import OK, LinearKernel
 from .hopper_layout import block_scale
 
@@ -15,7 +14,9 @@ class CublasBlockScale(LinearKernel):
     scale_rows = 128
 
     def missing(self, gpu):
-        return platform.cublas_blockscale_missing()
+        from ...ops import cublas_sm90
+
+        return cublas_sm90.unsupported()
 
     def can_implement(self, spec):
         if spec.k % 512 or spec.n % 128:

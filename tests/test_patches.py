@@ -1,4 +1,5 @@
-"""Activation inside stock SGLang: real ServerArgs, real ModelConfig, fresh interpreters (.pth hook)."""
+"""Activation inside stock SGLang: real ServerArgs, real ModelConfig, fresh interpreters (.pth hook); the launch
+checks and builds (sglang_mxfp8.sglang.launch); refit rollback and storage checks (sglang_mxfp8.sglang.weights)."""
 
 import json
 import os
@@ -56,8 +57,10 @@ def test_disabled_interpreter_is_untouched():
 
 
 def test_hook_is_cheap_in_unrelated_interpreters():
-    p = run_python("import sys; print(sorted(m for m in ('torch', 'sglang', 'sglang_mxfp8.sglang.plugin') if m in sys.modules))")
-    assert p.returncode == 0 and p.stdout.strip() == "[]"
+    p = run_python("import sys; print(sorted(m for m in ('torch', 'sglang', 'logging', 'sglang_mxfp8.sglang.patching',"
+                   " 'sglang_mxfp8.sglang.launch', 'sglang_mxfp8.sglang.patches.loader') if m in sys.modules),"
+                   " 'sglang_mxfp8.sglang.patches' in sys.modules)")
+    assert p.returncode == 0 and p.stdout.strip() == "[] True"  # the patch list alone; their code when SGLang runs
 
 
 def test_model_config_reads_modelopt_mxfp8_as_mxfp8(tmp_path):
@@ -67,7 +70,7 @@ def test_model_config_reads_modelopt_mxfp8_as_mxfp8(tmp_path):
         f"m = ModelConfig({str(ckpt)!r})\n"
         "print('Q=' + str(m.quantization))\n"
     )
-    ours = run_python(code + "from sglang_mxfp8.sglang import plugin\nprint(sorted(plugin.KEPT))\n")
+    ours = run_python(code + "from sglang_mxfp8.sglang import patching\nprint(sorted(patching.KEPT))\n")
     assert ours.returncode == 0, ours.stderr[-3000:]
     assert "Q=mxfp8" in ours.stdout
     stock = run_python(code, {"SGLANG_MXFP8_DISABLE": "1"})
@@ -98,21 +101,21 @@ def test_a_patch_whose_imports_moved_leaves_sglang_importable():
     p = run_python(
         "import logging, sys\n"
         "logging.basicConfig(level=logging.WARNING, format='LOG %(message)s', stream=sys.stdout)\n"
-        "from sglang_mxfp8.sglang import plugin\n"
+        "from sglang_mxfp8.sglang import patching\n"
+        "from sglang_mxfp8.sglang.patches import quantization\n"
         "def moved():\n"
         "    raise ImportError(\"cannot import name 'is_in_piecewise_cuda_graph' from 'sglang.srt.compilation'\")\n"
-        "plugin.patch_quantization = moved\n"
+        "quantization.register_config = moved\n"
         "import sglang.srt.layers.quantization as q\n"
-        "from sglang_mxfp8.sglang import plugin\n"
         "print('stock', q.QUANTIZATION_METHODS['mxfp8'].__module__)\n"
-        "print(sorted(plugin.MISSING))\n"
+        "print(sorted(patching.MISSING))\n"
     )
     assert p.returncode == 0, p.stderr[-3000:]
     log, stock, missing = p.stdout.splitlines()[-3:]
-    assert log.startswith(f"LOG sglang_mxfp8 patch 'patch_quantization': sglang {version('sglang')} fails it (ImportError: "
-                          "cannot import name 'is_in_piecewise_cuda_graph'")
+    assert log.startswith(f"LOG sglang_mxfp8 patch 'quantization.mxfp8_config': sglang {version('sglang')} fails it "
+                          "(ImportError: cannot import name 'is_in_piecewise_cuda_graph'")
     assert log.endswith("MXFP8 checkpoints cannot be served on this SGLang, other models run as SGLang ships them")
-    assert stock == "stock sglang.srt.layers.quantization.fp8" and missing == "['patch_quantization']"
+    assert stock == "stock sglang.srt.layers.quantization.fp8" and missing == "['quantization.mxfp8_config']"
 
 
 def test_moved_patch_target_leaves_sglang_stock_and_refuses_mxfp8_in_one_line():
@@ -123,14 +126,15 @@ def test_moved_patch_target_leaves_sglang_stock_and_refuses_mxfp8_in_one_line():
         "logging.basicConfig(level=logging.WARNING, format='LOG %(message)s', stream=sys.stdout)\n"
         "import sglang.srt.configs.model_config as mc\n"
         "import sglang.srt.layers.quantization as q\n"
-        "from sglang_mxfp8.sglang import plugin\n"
+        "from sglang_mxfp8.sglang import patching\n"
+        "from sglang_mxfp8.sglang.patches import model_config\n"
         "class Gone: pass\n"
         "mc.ModelConfig = Gone\n"
-        "plugin.patch_model_config(); plugin.patch_model_config()\n"
+        "model_config.read_modelopt_mxfp8(); model_config.read_modelopt_mxfp8()\n"
         "print('imported', mc.ModelConfig is Gone)\n"
         "try:\n"
         "    q.QUANTIZATION_METHODS['mxfp8'](is_checkpoint_fp8_serialized=True, use_mxfp8=True)\n"
-        "except plugin.PatchTargetMissing as e:\n"
+        "except patching.PatchTargetMissing as e:\n"
         "    print('refused', e)\n"
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -144,7 +148,7 @@ def test_tensor_update_postprocess_runs_our_methods_once():
     """postprocess_mxfp8_modules on a real module tree with our real linear method (CPU tensors)."""
     code = """
 import torch, sglang.srt.layers.quantization as q
-from sglang_mxfp8.sglang import plugin, quant_methods
+from sglang_mxfp8.sglang import quant_methods, weights
 from sglang_mxfp8.format.numerics import quantize_mxfp8
 from sglang_mxfp8.kernels import registry
 from sglang_mxfp8.kernels.base import LinearSpec
@@ -160,12 +164,12 @@ layer.mxfp8_state = m.plan.create_buffers(layer)
 model = torch.nn.Sequential(layer)
 import logging
 logging.basicConfig(level=logging.INFO, format="LOG %(message)s", stream=__import__("sys").stdout)
-print(plugin.postprocess_mxfp8_modules(model), quant_methods.ConversionReport.layers)
-plugin.postprocess_mxfp8_modules(model)
+print(weights.postprocess_mxfp8_modules(model), quant_methods.ConversionReport.layers)
+weights.postprocess_mxfp8_modules(model)
 print(quant_methods.ConversionReport.layers)  # idempotent: nothing new to convert
-print(sorted(plugin.mxfp8_tensors(model)))
+print(sorted(weights.mxfp8_tensors(model)))
 layer.mxfp8_state.converter.block_scale = layer.mxfp8_state.converter.block_scale.clone()  # storage moved
-plugin.postprocess_mxfp8_modules(model)
+weights.postprocess_mxfp8_modules(model)
 """
     p = run_python(code)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -189,22 +193,22 @@ def test_checkpoint_declares_experts(miles_ckpt, tmp_path):
 
 
 def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from sglang_mxfp8.platform import GpuSpec
-    from sglang_mxfp8.sglang.plugin import Mxfp8LaunchError, validate_launch
+    from sglang_mxfp8.sglang.launch import LaunchConfig, Mxfp8LaunchError, validate_launch
 
     h200 = GpuSpec("NVIDIA H200", 90)
-    args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(miles_ckpt))
+    args = LaunchConfig(model_path=str(miles_ckpt), dense_flag="flashinfer_trtllm", moe_flag="triton")
     validate_launch(args, h200)
-    args.moe_runner_backend = "flashinfer_cutlass"  # a MoE checkpoint: FlashInfer's SM90 fused MoE serves it
+    args = replace(args, moe_flag="flashinfer_cutlass")  # a MoE checkpoint: FlashInfer's SM90 fused MoE serves it
     validate_launch(args, h200)
-    args.moe_runner_backend = "flashinfer_trtllm"
+    args = replace(args, moe_flag="flashinfer_trtllm")
     with pytest.raises(Mxfp8LaunchError) as e:
         validate_launch(args, h200)
     assert e.value.code == ("sglang_mxfp8: --moe-runner-backend flashinfer_trtllm cannot run MXFP8 on NVIDIA H200 (SM90): "
                             "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_cutlass")
-    args.moe_runner_backend, args.fp8_gemm_runner_backend = "triton", "flashinfer_cutlass"
+    args = replace(args, moe_flag="triton", dense_flag="flashinfer_cutlass")
     with pytest.raises(Mxfp8LaunchError) as e:
         validate_launch(args, h200)
     assert e.value.code == ("sglang_mxfp8: --fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 (SM90): "
@@ -212,16 +216,15 @@ def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
 
 
 def _tiny_moe_launch(tmp_path):
-    """The launch arguments of a tiny MXFP8 Qwen3-MoE (converted from tmp_path/bf16) with FlashInfer's dense GEMM and
-    the Triton MoE."""
-    from types import SimpleNamespace
-
+    """The launch of a tiny MXFP8 Qwen3-MoE (converted from tmp_path/bf16) with FlashInfer's dense GEMM and the
+    Triton MoE."""
     from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
+    from sglang_mxfp8.sglang.launch import LaunchConfig
 
     mx = tmp_path / "mx"
     convert(write_qwen3_moe(tmp_path / "bf16"), mx, progress=False)
-    return SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=str(mx))
+    return LaunchConfig(model_path=str(mx), dense_flag="flashinfer_trtllm", moe_flag="triton")
 
 
 def _failing_build_env(tmp_path, monkeypatch):
@@ -236,25 +239,25 @@ def test_launch_builds_each_planned_kernels_jit_module_once_in_a_process_of_its_
     FlashInfer's GEMM module (the Triton MoE has none), started with no GPU visible, FlashInfer's target named and the
     launcher's pid; the same plans again start nothing. A build that fails is one warning line and exit status 1 (the
     server builds it when it loads the model); a kernel name the registry lacks is exit status 2."""
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from sglang_mxfp8.platform import GpuSpec
-    from sglang_mxfp8.sglang import plugin
+    from sglang_mxfp8.sglang import launch
 
     args = _tiny_moe_launch(tmp_path)
-    plans = plugin.validate_launch(args, GpuSpec("NVIDIA H200", 90))
+    plans = launch.validate_launch(args, GpuSpec("NVIDIA H200", 90))
     assert {plan.base.name for plan in plans} == {"flashinfer_sm90", "triton_moe"} and len(plans) >= 3
-    monkeypatch.setattr(plugin, "_BUILDING", {})
+    monkeypatch.setattr(launch, "_BUILDING", {})
     _failing_build_env(tmp_path, monkeypatch)
-    process = plugin.start_prebuilds(plans)
+    process = launch.start_prebuilds(plans)
     environ = set(Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0"))  # it is still importing torch
     assert process.args == [sys.executable, "-m", "sglang_mxfp8.kernels.jit_builds", "flashinfer_sm90"]
     assert {b"CUDA_VISIBLE_DEVICES=", b"FLASHINFER_CUDA_ARCH_LIST=9.0",
             f"SGLANG_MXFP8_LAUNCHER={os.getpid()}".encode()} <= environ
-    assert plugin.start_prebuilds(plans) is None and plugin._BUILDING == {"flashinfer_sm90": process}
+    assert launch.start_prebuilds(plans) is None and launch._BUILDING == {"flashinfer_sm90": process}
     assert process.wait(120) == 1
     assert "sglang_mxfp8: building flashinfer_sm90's JIT module at launch failed (" in capfd.readouterr().err
-    assert plugin.validate_launch(SimpleNamespace(**{**vars(args), "model_path": str(tmp_path / "bf16")}),
+    assert launch.validate_launch(replace(args, model_path=str(tmp_path / "bf16")),
                                   GpuSpec("NVIDIA H200", 90)) == []  # a BF16 checkpoint: nothing of ours to build
     unknown = subprocess.run([sys.executable, "-m", "sglang_mxfp8.kernels.jit_builds", "no_such_kernel"],
                              capture_output=True, text=True, timeout=120)
@@ -263,10 +266,9 @@ def test_launch_builds_each_planned_kernels_jit_module_once_in_a_process_of_its_
 
 LAUNCHER = """
 import os, sys, time
-from types import SimpleNamespace
 from sglang_mxfp8.platform import GpuSpec
-from sglang_mxfp8.sglang.plugin import start_prebuilds, validate_launch
-args = SimpleNamespace(fp8_gemm_runner_backend="flashinfer_trtllm", moe_runner_backend="triton", model_path=sys.argv[1])
+from sglang_mxfp8.sglang.launch import LaunchConfig, start_prebuilds, validate_launch
+args = LaunchConfig(model_path=sys.argv[1], dense_flag="flashinfer_trtllm", moe_flag="triton")
 print(start_prebuilds(validate_launch(args, GpuSpec("NVIDIA H200", 90))).pid, flush=True)
 if sys.argv[2] == "exits":
     os._exit(0)
@@ -325,7 +327,9 @@ def test_launch_args_are_read_before_sglang_as_sglangs_parser_reads_them():
 
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_mxfp8.sglang.plugin import LAUNCH_ARGS, launch_args_from_argv
+    from types import SimpleNamespace
+
+    from sglang_mxfp8.sglang.launch import LAUNCH_ARGS, LaunchConfig
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
@@ -336,13 +340,14 @@ def test_launch_args_are_read_before_sglang_as_sglangs_parser_reads_them():
                   "--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend=flashinfer_cutlass", "--port", "3"],
                  ["--mem-fraction-static", "0.8", "--tensor-parallel-size", "8", "--ep-size", "8", "--model", "/m",
                   "--moe-runner-backend", "triton", "--fp8-gemm-backend=triton"]):
-        ours, theirs = launch_args_from_argv(argv), parser.parse_args(argv)
-        for dest, _, _ in LAUNCH_ARGS:
-            assert getattr(ours, dest) == getattr(theirs, dest, getattr(theirs, older.get(dest, dest), None)), (argv, dest)
-    assert launch_args_from_argv(["--model-path", "/m", "--config", "c.yaml"]) is None
-    assert launch_args_from_argv(["--config=c.yaml"]) is None
-    assert launch_args_from_argv(["--model-path", "/m", "--tp-size", "two"]) is None
-    assert launch_args_from_argv(["--model-path"]) is None
+        theirs = parser.parse_args(argv)
+        read = SimpleNamespace(**{dest: getattr(theirs, dest, getattr(theirs, older.get(dest, dest), None))
+                                  for dest, _, _ in LAUNCH_ARGS})
+        assert LaunchConfig.from_argv(argv) == LaunchConfig.from_server_args(read), argv
+    assert LaunchConfig.from_argv(["--model-path", "/m", "--config", "c.yaml"]) is None
+    assert LaunchConfig.from_argv(["--config=c.yaml"]) is None
+    assert LaunchConfig.from_argv(["--model-path", "/m", "--tp-size", "two"]) is None
+    assert LaunchConfig.from_argv(["--model-path"]) is None
 
 
 def test_launch_builds_start_before_sglang_parses_only_for_an_mxfp8_launch(tmp_path, monkeypatch):
@@ -351,11 +356,11 @@ def test_launch_builds_start_before_sglang_parses_only_for_an_mxfp8_launch(tmp_p
     path, one with a config file or one that will be refused starts nothing. No GPU here: the test names an H200."""
     from sglang_mxfp8 import platform
     from sglang_mxfp8.platform import GpuSpec
-    from sglang_mxfp8.sglang import plugin
+    from sglang_mxfp8.sglang import launch
 
     mx = _tiny_moe_launch(tmp_path).model_path
     _failing_build_env(tmp_path, monkeypatch)
-    monkeypatch.setattr(plugin, "_BUILDING", {})
+    monkeypatch.setattr(launch, "_BUILDING", {})
     monkeypatch.setattr(platform, "visible_gpu", lambda: GpuSpec("NVIDIA H200", 90))
     monkeypatch.setenv("SGLANG_MXFP8_LAUNCHER", "")  # removed again after the test
     flags = ["--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend", "triton"]
@@ -363,12 +368,12 @@ def test_launch_builds_start_before_sglang_parses_only_for_an_mxfp8_launch(tmp_p
                  ["--model-path", mx, "--fp8-gemm-backend", "flashinfer_cutlass"]):  # refused on Hopper
         os.environ.pop("SGLANG_MXFP8_LAUNCHER", None)
         monkeypatch.setattr(sys, "argv", ["launch_server.py"] + argv)
-        assert plugin.start_launch_builds() is None and plugin._BUILDING == {}, argv
+        assert launch.start_launch_builds() is None and launch._BUILDING == {}, argv
     os.environ.pop("SGLANG_MXFP8_LAUNCHER", None)
     monkeypatch.setattr(sys, "argv", ["launch_server.py", "--model-path", mx] + flags)
-    process = plugin.start_launch_builds()
+    process = launch.start_launch_builds()
     assert process.args[-1] == "flashinfer_sm90" and os.environ["SGLANG_MXFP8_LAUNCHER"] == str(os.getpid())
-    assert plugin.start_launch_builds() is None  # a child of the launcher, or the launcher again: nothing more
+    assert launch.start_launch_builds() is None  # a child of the launcher, or the launcher again: nothing more
     assert process.wait(120) == 1  # the workspace is a file: the build fails at once
 
 
@@ -378,10 +383,10 @@ def test_launch_builds_run_before_sglangs_server_args_executes(tmp_path):
     SGLANG_MXFP8_DISABLE=1."""
     mx = _tiny_moe_launch(tmp_path).model_path
     code = ("import os, sys\n"
-            "from sglang_mxfp8.sglang import plugin\n"
+            "from sglang_mxfp8.sglang.patches import server_args\n"
             "marks = []\n"
-            "plugin.start_launch_builds = lambda: marks.append('sglang.srt.server_args' in sys.modules and\n"
-            "                                                  hasattr(sys.modules['sglang.srt.server_args'], 'ServerArgs'))\n"
+            "server_args.start_launch_builds = lambda: marks.append('sglang.srt.server_args' in sys.modules and\n"
+            "    hasattr(sys.modules['sglang.srt.server_args'], 'ServerArgs'))\n"
             "import sglang.srt.server_args\n"
             "print('MARKS', marks)\n")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
@@ -418,8 +423,8 @@ def test_patches_apply_once_and_keep_staticmethods():
     p = run_python(
         "import inspect\n"
         "from sglang.srt.model_loader import loader\n"
-        "from sglang_mxfp8.sglang import plugin\n"
-        "plugin.patch_loader(); plugin.patch_loader()\n"
+        "from sglang_mxfp8.sglang.patches import loader as patch\n"
+        "patch.report_each_load(); patch.report_each_load()\n"
         "f = loader.DefaultModelLoader.load_weights_and_postprocess\n"
         "print(type(inspect.getattr_static(loader.DefaultModelLoader, 'load_weights_and_postprocess')).__name__,"
         " f.__sglang_mxfp8_patch__, hasattr(f.__wrapped__, '__sglang_mxfp8_patch__'))\n"
@@ -459,7 +464,7 @@ from safetensors.torch import save_file
 import sglang.srt.layers.quantization as q
 from sglang.srt.configs.load_config import LoadConfig
 from sglang.srt.model_loader.weight_utils import default_weight_loader
-from sglang_mxfp8.sglang import plugin, quant_methods
+from sglang_mxfp8.sglang import quant_methods, weights
 from sglang_mxfp8.format.numerics import quantize_mxfp8
 from sglang_mxfp8.format.refit import LoadTracker
 from sglang_mxfp8.kernels import registry
@@ -468,7 +473,7 @@ from sglang_mxfp8.platform import GpuSpec
 
 root = Path(sys.argv[1])
 stock, WeightUpdater = load_stock_update_weights_from_disk()
-patched = plugin.refit_rollback(stock)
+patched = weights.refit_rollback(stock)
 torch.manual_seed(0)
 ckpts = {}
 for name in ("A", "B"):
@@ -574,7 +579,7 @@ def test_every_patch_finds_its_target_on_this_sglang():
     p = run_python(
         "import importlib, logging, sys\n"
         "logging.basicConfig(level=logging.WARNING, format='LOG %(message)s', stream=sys.stdout)\n"
-        "from sglang_mxfp8.sglang import plugin\n"
+        "from sglang_mxfp8.sglang import patching\n"
         "for m in ('sglang.srt.server_args', 'sglang.srt.configs.model_config', 'sglang.srt.layers.quantization',\n"
         "          'sglang.srt.model_loader.loader'):\n"
         "    importlib.import_module(m)\n"
@@ -584,16 +589,17 @@ def test_every_patch_finds_its_target_on_this_sglang():
         "except ImportError as e:\n"
         "    runner = 'needs ' + str(e.name)\n"
         "print('RUNNER', runner)\n"
-        "print('APPLIED', sorted(plugin.APPLIED))\n"
-        "print('KEPT', sorted(plugin.KEPT))\n"
-        "print('MISSING', plugin.MISSING)\n"
+        "print('APPLIED', sorted(patching.APPLIED))\n"
+        "print('KEPT', sorted(patching.KEPT))\n"
+        "print('MISSING', patching.MISSING)\n"
     )
     assert p.returncode == 0, p.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in p.stdout.splitlines() if line.split(" ", 1)[0] in
                  ("RUNNER", "APPLIED", "KEPT", "MISSING"))
     assert lines["MISSING"] == "{}" and "LOG" not in p.stdout, p.stdout
     applied, kept = eval(lines["APPLIED"]), eval(lines["KEPT"])
-    expected = {"server_args.moe_kernel_config", "model_config.modelopt_mxfp8", "quantization.mxfp8_config",
+    expected = {"server_args.moe_kernel_config", "model_config.modelopt_mxfp8", "model_config.mxfp8_notice",
+                "quantization.mxfp8_config",
                 "quantization.dense_dispatch", "loader.modelopt_mxfp8_file", "loader.conversion_report"}
     if lines["RUNNER"] == "imported":
         expected |= {"model_runner.refit_rollback", "model_runner.tensor_update_postprocess",
@@ -607,9 +613,9 @@ def test_every_patch_finds_its_target_on_this_sglang():
                                             ("0.5.17", False), ("0.5.23", False), ("0.5.23.post1", True),
                                             ("0.6.0", True), ("unknown", True)])
 def test_a_release_outside_the_tested_range_gets_one_warning(version, warns):
-    from sglang_mxfp8.sglang import plugin
+    from sglang_mxfp8.sglang import compat
 
-    line = plugin.check_tested_range(version)
+    line = compat.check_tested_range(version)
     assert (line is not None) == warns
     if warns:
         assert line == (f"sglang_mxfp8: sglang {version} is outside the tested range 0.5.10.post1 to 0.5.23; patching "
@@ -619,12 +625,12 @@ def test_a_release_outside_the_tested_range_gets_one_warning(version, warns):
 def test_a_probe_takes_the_first_location_that_has_what_the_patch_needs(monkeypatch):
     """sglang_object walks a moved target's locations oldest first and skips one that lacks the method a patch wraps
     (ModelRunner exists on every release; its weight updates moved to WeightUpdater in 0.5.17)."""
-    from sglang_mxfp8.sglang import plugin
+    from sglang_mxfp8.sglang import compat
 
-    monkeypatch.setitem(plugin.MOVED, "probe_under_test", ("json:JSONDecoder", "json.gone:Nothing", "json:JSONEncoder"))
+    monkeypatch.setitem(compat.MOVED, "probe_under_test", ("json:JSONDecoder", "json.gone:Nothing", "json:JSONEncoder"))
     import json
 
-    assert plugin.sglang_object("probe_under_test") is json.JSONDecoder
-    assert plugin.sglang_object("probe_under_test", has="encode") is json.JSONEncoder
+    assert compat.sglang_object("probe_under_test") is json.JSONDecoder
+    assert compat.sglang_object("probe_under_test", has="encode") is json.JSONEncoder
     with pytest.raises(ImportError, match="found none of json:JSONDecoder, json.gone:Nothing, json:JSONEncoder with dump"):
-        plugin.sglang_object("probe_under_test", has="dump")
+        compat.sglang_object("probe_under_test", has="dump")

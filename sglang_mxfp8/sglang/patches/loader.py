@@ -1,0 +1,63 @@
+"""``loader.*``: a ModelOpt MXFP8 checkpoint described only by hf_quant_config.json gets :class:`Mxfp8Config`
+(SGLang's ``get_quant_config`` finds no quantization_config in config.json and would build an online-quantization
+config for it), and after each (re)load one line on what the conversion changed and whether every MXFP8 tensor kept
+its storage."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+
+from ...format import checkpoint
+from ..patching import replace, target
+
+logger = logging.getLogger("sglang_mxfp8")
+
+
+def read_hf_quant_config() -> None:
+    from sglang.srt.model_loader import loader
+
+    from ..quant_methods import Mxfp8Config
+
+    def make(original):
+        @functools.wraps(original)
+        def get_quant_config(model_config, load_config, packed_modules_mapping, *args, **kwargs):
+            hf_quant = Path(model_config.model_path) / "hf_quant_config.json"
+            if (model_config.quantization == "mxfp8" and hf_quant.is_file()
+                    and getattr(model_config.hf_config, "quantization_config", None) is None):
+                cfg = json.loads(hf_quant.read_text())
+                if checkpoint.is_modelopt_mxfp8(cfg):
+                    return Mxfp8Config.from_config({**cfg, "packed_modules_mapping": packed_modules_mapping})
+            return original(model_config, load_config, packed_modules_mapping, *args, **kwargs)
+
+        return get_quant_config
+
+    replace(loader, "get_quant_config", "loader.modelopt_mxfp8_file", make)
+
+
+def report_each_load() -> None:
+    from sglang.srt.model_loader import loader
+
+    from ..quant_methods import ConversionReport
+    from ..weights import check_storage
+
+    cls = target(loader, "DefaultModelLoader", "loader.conversion_report")
+
+    def make(original):
+        @functools.wraps(original)
+        def load_weights_and_postprocess(model, weights, target_device):
+            ConversionReport.reset()
+            for module in model.modules():  # a failed load before this one may have left records behind
+                tracker = getattr(module, "mxfp8_loads", None)
+                if tracker is not None:
+                    tracker.reset()
+            original(model, weights, target_device)
+            if ConversionReport.total:
+                logger.info(ConversionReport.line())
+            check_storage(model)
+
+        return load_weights_and_postprocess
+
+    replace(cls, "load_weights_and_postprocess", "loader.conversion_report", make)

@@ -1,0 +1,89 @@
+"""The model's MXFP8 tensors around each load: their storage checked (CUDA graphs keep pointers), post-load
+processing run again after weights arrive other than from disk, and a failed refit from disk rolled back to the
+checkpoint being served."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+logger = logging.getLogger("sglang_mxfp8")
+
+
+def mxfp8_tensors(model) -> dict:
+    """Every tensor our methods own in ``model``: parameters, buffers and the tensors of each layer's state."""
+    from .quant_methods import Mxfp8LinearMethod, Mxfp8MoEMethod
+
+    found = {}
+    for mod_name, module in model.named_modules():
+        if not isinstance(getattr(module, "quant_method", None), (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            continue
+        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            found[f"{mod_name}.{name}"] = t
+        state = getattr(module, "mxfp8_state", None)
+        for name, t in (state.tensors() if state is not None else ()):
+            found[f"{mod_name}.mxfp8_state.{name}"] = t
+    return found
+
+
+def check_storage(model) -> None:
+    """Log whether every MXFP8 tensor kept its storage since the first load (CUDA graphs hold pointers)."""
+    now = {name: t.data_ptr() for name, t in mxfp8_tensors(model).items()}
+    if not now:
+        return
+    first = getattr(model, "_sglang_mxfp8_storage", None)
+    if first is None:
+        model._sglang_mxfp8_storage = now
+        logger.info("sglang_mxfp8: storage of %d MXFP8 tensors recorded at first load", len(now))
+        return
+    moved = [name for name, ptr in now.items() if first.get(name) != ptr]
+    if moved:
+        logger.warning("sglang_mxfp8: %d of %d MXFP8 tensors moved since the first load (first: %s); captured "
+                       "CUDA graphs would read stale memory", len(moved), len(now), moved[0])
+    else:
+        logger.info("sglang_mxfp8: storage of all %d MXFP8 tensors unchanged since the first load", len(now))
+
+
+def postprocess_mxfp8_modules(model) -> int:
+    """Run post-load processing of every sglang_mxfp8 method in ``model``; returns how many ran."""
+    from .quant_methods import ConversionReport, Mxfp8LinearMethod, Mxfp8MoEMethod
+
+    ConversionReport.reset()
+    count = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            method.process_weights_after_loading(module)
+            count += 1
+    if ConversionReport.total:
+        logger.info(ConversionReport.line())
+    check_storage(model)
+    return count
+
+
+def refit_rollback(original):
+    """Wrap ``ModelRunner.update_weights_from_disk``: a failed refit reloads the checkpoint being served, and the
+    served checkpoint stays the one a later rollback reloads, whether the refit raised or answered False."""
+
+    @functools.wraps(original)
+    def update_weights_from_disk(self, model_path, load_format, *args, **kwargs):
+        served_path, served_format = self.model_config.model_path, model_runner_of(self).server_args.load_format
+        try:
+            ok, message = original(self, model_path, load_format, *args, **kwargs)
+            if not ok:  # refused before loading (no such folder, another loader): nothing was read, and SGLang left
+                self.model_config.model_path = served_path  # the bad path as the one a later rollback re-reads
+            return ok, message
+        except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
+            logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
+            ok, message = original(self, served_path, served_format, *args, **kwargs)
+            if not ok:
+                raise RuntimeError(f"refit from {model_path} failed ({e}) and so did the rollback to "
+                                   f"{served_path} ({message}); the weights in memory are inconsistent") from e
+            return False, f"Failed to update weights: {e}. Rolled back to {served_path}."
+
+    return update_weights_from_disk
+
+
+def model_runner_of(owner):
+    """The ModelRunner whose weights ``owner`` (a ModelRunner, or from 0.5.17 its WeightUpdater) updates."""
+    return owner.get_model_runner() if hasattr(owner, "get_model_runner") else owner
