@@ -404,7 +404,7 @@ def test_flashinfer_cutlass_on_hopper_takes_the_measured_bands_beside_flashinfer
 
 
 def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe(libraries, monkeypatch):
-    from sglang_mxfp8.ops import flashinfer_moe_sm90
+    from sglang_mxfp8.ops.flashinfer_jit import fused_moe
 
     plan = moe(H200, "flashinfer_cutlass", settings=Settings(disabled_kernels=frozenset({"moe_gemv", "triton_w8a8_moe"})))
     assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"} and plan.base.up_proj_first
@@ -413,7 +413,7 @@ def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe(libraries
     # the model is built without waiting for the module's build (started at launch): its first call waits, after the
     # weights are read and the dense kernels compiled
     built = []
-    monkeypatch.setattr(flashinfer_moe_sm90, "build", lambda verbose=False: built.append(verbose))
+    monkeypatch.setattr(fused_moe, "build", lambda verbose=False: built.append(verbose))
     layer = torch.nn.Module()
     layer.w13_weight = torch.nn.Parameter(torch.empty(128, 2 * 768, 2048, dtype=torch.float8_e4m3fn, device="meta"),
                                           False)

@@ -16,7 +16,7 @@ from typing import List
 
 from ..kernels import registry
 from ..kernels.base import Mxfp8ConfigError, Plan, with_jit_modules
-from ..ops.flashinfer_sm90 import KernelCompileError
+from ..ops.flashinfer_jit.tile_configs import KernelCompileError
 from .doctor import gpu_from_arg
 
 # streaming multiprocessors of the GPUs --gpu names (the SXM parts; FlashInfer's tile choice depends on the count)

@@ -412,14 +412,14 @@ def compile_before_flashinfer(shape, configs) -> None:
     """Compile the kernels of ``shape`` at ``configs`` that FlashInfer's cache lacks with concurrent nvcc processes
     (SGLANG_MXFP8_COMPILE_JOBS; 0: none), before running batches makes FlashInfer compile them one after another;
     any failure leaves them to FlashInfer, with one warning."""
-    from ..ops import flashinfer_sm90
+    from ..ops.flashinfer_jit import tile_configs
     from ..settings import current as current_settings
 
     jobs = current_settings().compile_jobs
     if jobs == 0:
         return
     try:
-        flashinfer_sm90.compile_tile_configs(shape, configs, jobs)
-    except (flashinfer_sm90.KernelCompileError, OSError) as e:
+        tile_configs.compile_tile_configs(shape, configs, jobs)
+    except (tile_configs.KernelCompileError, OSError) as e:
         log_once(30, f"sglang_mxfp8: FlashInfer SM90 GEMM kernels not compiled concurrently ({e}); FlashInfer "
                      "compiles them itself, one after another")

@@ -128,7 +128,7 @@ def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
     """DeepGEMM disabled: batches of 1024 tokens or more run cuBLAS's GEMM, smaller ones FlashInfer's (each output
     bit-equal to its kernel called directly; the two differ)."""
     pytest.importorskip("flashinfer")
-    from sglang_mxfp8.ops import flashinfer_blockscale_build
+    from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fi_gemm
     from sglang_mxfp8.ops.cublas_sm90 import blockscale_gemm
 
     layer, be = _layer(FLASHINFER, 2048, 4096, disabled=("deepgemm",))
@@ -137,7 +137,7 @@ def test_flashinfer_backend_takes_cublas_for_prefill_batches(monkeypatch):
     x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
     cublas, small = be.apply(layer, x), be.apply(layer, x[1:])
     assert torch.equal(cublas, blockscale_gemm(x, layer.weight, scale))
-    assert torch.equal(small, flashinfer_blockscale_build.blockscale_gemm(x[1:], layer.weight, scale, x.dtype))
+    assert torch.equal(small, fi_gemm.blockscale_gemm(x[1:], layer.weight, scale, x.dtype))
     assert not torch.equal(cublas[1:], small)
 
 
@@ -148,7 +148,8 @@ def test_flashinfer_backend_takes_deepgemm_for_prefill_batches(m, n, k, monkeypa
     directly, within FP8 accuracy of the float32 product of the same operands, bias added; N = 1088 leaves a
     partial 128-row weight block), smaller ones FlashInfer's GEMM; a NaN token's row is NaN, the others untouched."""
     pytest.importorskip("flashinfer")
-    from sglang_mxfp8.ops import deepgemm_sm90, flashinfer_blockscale_build
+    from sglang_mxfp8.ops import deepgemm_sm90
+    from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fi_gemm
 
     why = platform.deep_gemm_missing("fp8_gemm_nt")
     if why:
@@ -164,21 +165,21 @@ def test_flashinfer_backend_takes_deepgemm_for_prefill_batches(m, n, k, monkeypa
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert out.shape == (m, n) and torch.isfinite(out).all() and rel < 1e-2, rel
     small = be.apply(layer, x[:1023])
-    assert torch.equal(small, flashinfer_blockscale_build.blockscale_gemm(x[:1023], layer.weight, scale, x.dtype))
+    assert torch.equal(small, fi_gemm.blockscale_gemm(x[:1023], layer.weight, scale, x.dtype))
     x[-1, 3] = float("nan")
     again = be.apply(layer, x, bias)
     assert torch.equal(again[:-1], out[:-1]) and again[-1].isnan().all()
 
 
 def test_trimmed_flashinfer_module_gives_the_bits_of_flashinfers_full_module():
-    """The dense module built from the DeepGEMM-only GEMM source (ops/flashinfer_blockscale_build.py) against
+    """The dense module built from the DeepGEMM-only GEMM source (ops/flashinfer_jit/blockscale_gemm.py) against
     FlashInfer's own ``fp8_blockscale_gemm_sm90`` and full module (compiled here, over a minute on an empty cache):
     the same bits for swap-AB (M < 32) and normal batches, several shapes, a partial last weight block."""
     pytest.importorskip("flashinfer")
     from flashinfer.gemm import fp8_blockscale_gemm_sm90
 
     from sglang_mxfp8.format.numerics import convert_to_block_scales
-    from sglang_mxfp8.ops import flashinfer_blockscale_build as fb
+    from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fb
 
     assert fb.unsupported() is None and fb.dense_spec().name == fb.DENSE_MODULE
     torch.manual_seed(0)
@@ -515,8 +516,8 @@ def test_moe_apply_runs_prefill_batches_on_the_prefill_moe(kind):
 PRECOMPILE = r"""
 import os, random, sys, time, torch
 from types import SimpleNamespace
-from sglang_mxfp8.ops import flashinfer_sm90 as fs
-from sglang_mxfp8.ops.flashinfer_blockscale_build import blockscale_gemm
+from sglang_mxfp8.ops.flashinfer_jit import tile_configs as fs
+from sglang_mxfp8.ops.flashinfer_jit.blockscale_gemm import blockscale_gemm
 from sglang_mxfp8.format.numerics import convert_to_block_scales, quantize_mxfp8
 from sglang_mxfp8.kernels import registry
 if sys.argv[1] == "flashinfer":  # FlashInfer's JIT compiles every kernel itself

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ops import flashinfer_blockscale_build, flashinfer_sm90
+from ...ops.flashinfer_jit import blockscale_gemm, tile_configs
 from ... import platform
 from ..base import OK, compile_before_flashinfer, precompile_batches
 from .hopper_layout import HopperBlockScaleKernel, block_scale
@@ -12,7 +12,7 @@ class FlashInferSm90(HopperBlockScaleKernel):
     """FlashInfer ``fp8_blockscale_gemm_sm90``: BF16 input (quantized 1x128 inside), 128x128 weight scales. On
     FlashInfer 0.6.7.post3 the only input combination of that op measured numerically right on an H200 (per-row
     weight scales and external FP8 inputs gave 23-39% error). Its module is built with the DeepGEMM path alone
-    (ops/flashinfer_blockscale_build.py)."""
+    (ops/flashinfer_jit/blockscale_gemm.py)."""
 
     name = "flashinfer_sm90"
     title = "FlashInfer fp8_blockscale_gemm_sm90, BF16 in, 128x128 weight scales"
@@ -27,27 +27,27 @@ class FlashInferSm90(HopperBlockScaleKernel):
         return OK
 
     def prebuild(self):
-        flashinfer_blockscale_build.build_dense()
+        blockscale_gemm.build_dense()
 
     def gemm(self, layer, state, x, bias):
-        out = flashinfer_blockscale_build.blockscale_gemm(x, layer.weight, block_scale(state), x.dtype)
+        out = blockscale_gemm.blockscale_gemm(x, layer.weight, block_scale(state), x.dtype)
         return out if bias is None else out + bias
 
     def precompile(self, layer, state, min_m, max_m):
         """Every tile config the op can select for min_m..max_m tokens: it compiles each with nvcc on first use, and
-        a served batch that meets a new one stalls for seconds (ops/flashinfer_sm90.py). Those not in FlashInfer's
+        a served batch that meets a new one stalls for seconds (ops/flashinfer_jit/tile_configs.py). Those not in FlashInfer's
         cache are compiled first by concurrent nvcc processes; running each batch size then loads them."""
         w, dtype = layer.weight, getattr(layer, "orig_dtype", torch.bfloat16)
         n, k = w.shape
-        shape = flashinfer_sm90.GemmShape(n, k)
-        configs = flashinfer_sm90.configs_for(shape, min_m, max_m, platform.multiprocessors(w.device))
+        shape = tile_configs.GemmShape(n, k)
+        configs = tile_configs.configs_for(shape, min_m, max_m, platform.multiprocessors(w.device))
         compile_before_flashinfer(shape, configs)
         return precompile_batches(
             ("flashinfer_sm90", n, k, dtype, w.device), f"FlashInfer SM90 GEMM [{n} x {k}] tile configs",
             sorted(configs.values()), w.device,
             lambda rows: torch.zeros(rows, k, dtype=dtype, device=w.device),
-            lambda x, m: flashinfer_blockscale_build.blockscale_gemm(x[:m], w, block_scale(state), dtype))
+            lambda x, m: blockscale_gemm.blockscale_gemm(x[:m], w, block_scale(state), dtype))
 
     def compile_ahead(self, spec, min_m, max_m, num_sms, jobs=None):
-        shape = flashinfer_sm90.GemmShape(spec.n, spec.k)
-        return flashinfer_sm90.compile_tile_configs(shape, flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms), jobs)
+        shape = tile_configs.GemmShape(spec.n, spec.k)
+        return tile_configs.compile_tile_configs(shape, tile_configs.configs_for(shape, min_m, max_m, num_sms), jobs)

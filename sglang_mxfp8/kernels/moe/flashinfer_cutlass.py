@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...ops import flashinfer_moe_sm90, flashinfer_sm90
+from ...ops.flashinfer_jit import fused_moe, tile_configs
 from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
 from ... import platform
 from ..base import MOE_FLAG, OK, MoEKernel, compile_before_flashinfer, precompile_batches
@@ -43,7 +43,7 @@ class FlashInferCutlassMxfp8MoE(MoEKernel):
 
 class FlashInferCutlassSm90MoE(BlockScaleExperts):
     """``cutlass_fused_moe`` in its DeepSeek FP8 block-scale mode on Hopper, from the trimmed JIT module
-    (ops/flashinfer_moe_sm90.py: the BF16 x FP8 runner alone, 18 sources instead of FlashInfer's 181). The module is
+    (ops/flashinfer_jit/fused_moe.py: the BF16 x FP8 runner alone, 18 sources instead of FlashInfer's 181). The module is
     built into FlashInfer's cache once and reused after: at launch, in the background, and waited for at its first
     call (the load's precompile, else the first forward), so that the weights load and the other kernels compile
     meanwhile. Reads the same converted weights as the Triton MoE (128x128 power-of-two block scales), w13 as
@@ -56,29 +56,29 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
     up_proj_first = True
 
     def missing(self, gpu):
-        return platform.flashinfer_missing() or flashinfer_moe_sm90.unsupported()
+        return platform.flashinfer_missing() or fused_moe.unsupported()
 
     def can_implement(self, spec):
         return standard_sized_experts(spec, 128, "which FlashInfer's FP8 block-scale MoE needs (128x128 weight blocks)",
                                       "the masked W8A8 MoE (triton_w8a8_moe) serves such layers")
 
     def prebuild(self):
-        flashinfer_moe_sm90.build()
+        fused_moe.build()
 
     def experts(self, layer, state, x, topk_weights, topk_ids):
-        return flashinfer_moe_sm90.block_scale_moe(
+        return fused_moe.block_scale_moe(
             x, topk_weights, topk_ids, layer.w13_weight, layer.w2_weight, state.w13.block_scale, state.w2.block_scale,
             tp_size=layer.moe_tp_size, tp_rank=layer.moe_tp_rank)
 
     def precompile(self, layer, state, min_m, max_m):
         """One batch per tile config either grouped GEMM can pick for min_m..max_m tokens (the fused MoE compiles
-        each with nvcc on first use, like the dense op: ops/flashinfer_sm90.py), those not in FlashInfer's cache
+        each with nvcc on first use, like the dense op: ops/flashinfer_jit/tile_configs.py), those not in FlashInfer's cache
         compiled first by concurrent nvcc processes."""
         top_k, dev = layer.top_k, layer.w13_weight.device
         experts, hidden, intermediate = layer.w2_weight.shape
         num_sms, firsts = platform.multiprocessors(dev), set()
-        for shape in flashinfer_sm90.moe_gemm_shapes(experts, hidden, intermediate):
-            configs = flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms)
+        for shape in tile_configs.moe_gemm_shapes(experts, hidden, intermediate):
+            configs = tile_configs.configs_for(shape, min_m, max_m, num_sms)
             compile_before_flashinfer(shape, configs)
             firsts.update(configs.values())
         return precompile_batches(
@@ -87,6 +87,6 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
             routed_batch(hidden, experts, top_k, dev), experts_on_first_rows(self, layer, state))
 
     def compile_ahead(self, spec, min_m, max_m, num_sms, jobs=None):
-        return sum(flashinfer_sm90.compile_tile_configs(shape, flashinfer_sm90.configs_for(shape, min_m, max_m, num_sms),
+        return sum(tile_configs.compile_tile_configs(shape, tile_configs.configs_for(shape, min_m, max_m, num_sms),
                                                         jobs)
-                   for shape in flashinfer_sm90.moe_gemm_shapes(spec.experts, spec.hidden, spec.intermediate))
+                   for shape in tile_configs.moe_gemm_shapes(spec.experts, spec.hidden, spec.intermediate))

@@ -133,7 +133,7 @@ def configs_for(shape: GemmShape, min_m: int, max_m: int, num_sms: int) -> Mappi
 # -- concurrent compilation into FlashInfer's DeepGEMM JIT cache ------------------------------------------------------
 # sha256 of FlashInfer's sources whose logic this module restates, per file: the kernel generator, nvcc flags and cache
 # layout (compiler.cuh), the tile heuristic (jit_utils.cuh), the swap-AB thresholds of the dense and grouped dispatch
-# (fp8_blockscale_gemm_kernel.cuh) and the fused MoE's expected M (fp8_blockscale_gemm.cu). tests/test_flashinfer_sm90.py
+# (fp8_blockscale_gemm_kernel.cuh) and the fused MoE's expected M (fp8_blockscale_gemm.cu). tests/test_jit_tile_configs.py
 # compiles FlashInfer's own generateKernel and get_best_gemm_config and compares. FlashInfer 0.6.7.post3 and 0.7.2 ship
 # the same files. Any other file: FlashInfer compiles its kernels itself, as before.
 RESTATED_SOURCES = MappingProxyType({

@@ -9,7 +9,7 @@ paths, cache directory) reduced to that runner: 18 sources with FlashInfer 0.6.7
 FlashInfer's: the binding with its constructor reduced to the BF16 x FP8 runner; the explicit instantiation of that
 runner alone, with the expert-map sort kernels of its header split off into four sources that compile in parallel
 with it (:func:`split_expert_maps`); ``fp8_blockscale_gemm.cu``, the DeepGEMM-only copy
-(ops/flashinfer_blockscale_build.py).
+(ops/flashinfer_jit/blockscale_gemm.py).
 Python calls go through FlashInfer's own ``cutlass_fused_moe`` wrapper, handed this module instead of the full one.
 """
 
@@ -24,13 +24,15 @@ import time
 from pathlib import Path
 from typing import Dict, Tuple
 
-from .flashinfer_blockscale_build import (TrimmedBuildError, build_spec, gemm_source_for, generator_pointed_at,
-                                          write_if_different)
+from . import unchecked
+from .blockscale_gemm import (TrimmedBuildError, build_spec, gemm_source_for, generator_pointed_at,
+                              write_if_different)
 
 logger = logging.getLogger(__name__)
 
 MOE_FLAG = "--moe-runner-backend"
 MODULE_NAME = "fused_moe_90_fp8_block_scale"
+_STOCK_MODULE = "fused_moe_90"
 _CONSTRUCTOR_START = "    // keep consistent with cpp/tensorrt_llm/plugins/mixtureOfExperts/mixtureOfExpertsPlugin.cpp\n"
 _CONSTRUCTOR_END = "    if (!mKernelRunner) {\n"
 _BF16_FP8_RUNNER = """    // sglang_mxfp8: the FP8 block-scale runner alone (bf16 activations, fp8_e4m3 weights, bf16 output)
@@ -145,11 +147,14 @@ def _flashinfer_core():
 @functools.lru_cache(maxsize=1)
 def unsupported():
     """Why the installed FlashInfer cannot give the trimmed module (its binding or module factory not of the shape
-    this build derives from), as one line; None where it can."""
+    this build derives from), as one line; None where it can, and where FlashInfer's own module serves instead
+    (:func:`stock_module`)."""
     try:
         from flashinfer.jit import env as jit_env
 
         core = _flashinfer_core()
+        if stock_module():
+            return None
         trimmed_binding((Path(jit_env.FLASHINFER_CSRC_DIR) / _BINDING).read_text())
     except ImportError:
         return None  # no FlashInfer: platform.flashinfer_missing says so
@@ -160,6 +165,18 @@ def unsupported():
         return (f"FlashInfer {_version()} has no get_cutlass_fused_moe_module factory with an SM90 generator to hand "
                 f"the trimmed module to; use {MOE_FLAG} triton")
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def stock_module() -> bool:
+    """Whether FlashInfer's own full SM90 module serves instead of the trimmed one (a FlashInfer release the trim was
+    not checked against), said once in the log."""
+    why = unchecked()
+    if why:
+        logger.warning("sglang_mxfp8: %s; the FP8 block-scale fused MoE runs FlashInfer's own full SM90 module (%s, "
+                       "181 sources with FlashInfer 0.6.7: about 40 min on 16 cores, once per version)", why,
+                       _STOCK_MODULE)
+    return why is not None
 
 
 def _version() -> str:
@@ -186,7 +203,7 @@ def block_scale_moe_spec():
     flags, for the installed version and CUDA) with the sources and the FP4 define this runner does not need left
     out and the derived sources, written into FlashInfer's generated-source cache, added: the binding, the runner's
     instantiation and its expert-map sort sources (:func:`split_expert_maps`); the FP8 block-scale GEMM source
-    trimmed to its DeepGEMM path where it can be."""
+    trimmed to its DeepGEMM path where it can be. FlashInfer's own full spec where :func:`stock_module`."""
     import dataclasses
 
     from flashinfer.jit import env as jit_env
@@ -196,6 +213,8 @@ def block_scale_moe_spec():
         raise TrimmedBuildError("FlashInfer compiles its FP8 block-scale MoE with CUDA 12.8 or newer only; "
                                 f"use {MOE_FLAG} triton")
     full = _flashinfer_core().gen_cutlass_fused_moe_sm90_module()
+    if stock_module():
+        return full
     csrc = Path(jit_env.FLASHINFER_CSRC_DIR)
     gen_dir = Path(jit_env.FLASHINFER_GEN_SRC_DIR) / MODULE_NAME
     gen_dir.mkdir(parents=True, exist_ok=True)
@@ -272,8 +291,10 @@ def fused_moe_api():
     if why:
         raise TrimmedBuildError(why)
     core = _flashinfer_core()
-    factory = core.get_cutlass_fused_moe_module.__wrapped__
     build()
+    if stock_module():
+        return core.get_cutlass_fused_moe_module("90")
+    factory = core.get_cutlass_fused_moe_module.__wrapped__
     spec = block_scale_moe_spec()
     with generator_pointed_at(core, "gen_cutlass_fused_moe_sm90_module", spec):
         return factory("90")

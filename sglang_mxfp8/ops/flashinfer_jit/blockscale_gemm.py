@@ -2,7 +2,7 @@
 
 On Hopper, both FlashInfer modules this package loads run their FP8 block-scale GEMMs through that file's DeepGEMM
 path (kernels compiled per tile config on first use): the dense ``fp8_blockscale_gemm_sm90`` op and the FP8
-block-scale fused MoE (ops/flashinfer_moe_sm90.py). The file also compiles, for sm_90a, the kernels of two paths
+block-scale fused MoE (ops/flashinfer_jit/fused_moe.py). The file also compiles, for sm_90a, the kernels of two paths
 that never run on Hopper: static CUTLASS kernels for when DeepGEMM is switched off (``TRTLLM_DG_ENABLED=0``) and the
 SM89 (Ada) kernels, whose CuTe headers are most of the front end's time. Together they are 80-85% of the file's
 nvcc time (110.7 s against 18.1 s on the H200 machine), the longest step of a fresh server's start
@@ -20,6 +20,8 @@ import os
 import re
 from pathlib import Path
 from typing import Optional
+
+from . import unchecked
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +139,10 @@ def with_trimmed_gemm(spec, name: str):
 @functools.lru_cache(maxsize=1)
 def unsupported() -> Optional[str]:
     """Why FlashInfer's full fp8_blockscale_gemm.cu is compiled here instead of the trimmed one (DeepGEMM switched off,
-    or FlashInfer's sources not of the shape the trim derives from), as one line; None where the trimmed one is."""
+    a FlashInfer release the trim was not checked against, or its sources not of the shape the trim derives from), as
+    one line; None where the trimmed one is."""
+    if unchecked():
+        return unchecked()
     if os.environ.get(DEEPGEMM_SWITCH) == "0":
         return f"{DEEPGEMM_SWITCH}=0 runs FlashInfer's non-DeepGEMM kernels"
     try:

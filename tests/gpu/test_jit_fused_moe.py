@@ -1,4 +1,4 @@
-"""FlashInfer's CUTLASS fused MoE on Hopper from the trimmed build (ops/flashinfer_moe_sm90.py), on the GPU: against
+"""FlashInfer's CUTLASS fused MoE on Hopper from the trimmed build (ops/flashinfer_jit/fused_moe.py), on the GPU: against
 float32 references, through the registry's plan for --moe-runner-backend flashinfer_cutlass, in a CUDA graph, and
 after a refit in place. The first test builds the module into FlashInfer's cache (minutes on a fresh machine)."""
 
@@ -14,7 +14,7 @@ from sglang_mxfp8 import platform  # noqa: E402
 from sglang_mxfp8.format.numerics import moe_reference, quantize_mxfp8  # noqa: E402
 from sglang_mxfp8.kernels import registry  # noqa: E402
 from sglang_mxfp8.kernels.base import MoESpec  # noqa: E402
-from sglang_mxfp8.ops import flashinfer_moe_sm90  # noqa: E402
+from sglang_mxfp8.ops.flashinfer_jit import fused_moe  # noqa: E402
 from gpu_checks import (  # noqa: E402
     assert_graph_replay_equals_eager, assert_processing_again_changes_nothing, load_other_experts, storage)
 
@@ -72,7 +72,7 @@ def _assert_as_accurate_as_host_w8a8(out, layer, x, tw, ids):
 def test_the_flag_plans_the_trimmed_module_and_it_builds():
     plan = _plan(128, 2048, 768)
     assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"}
-    so = flashinfer_moe_sm90.build()
+    so = fused_moe.build()
     assert so.exists() and so.stat().st_size > 1 << 20
 
 
@@ -116,8 +116,8 @@ def test_refit_in_place_is_idempotent_and_serves_the_new_weights():
 PRECOMPILE = r"""
 import os, random, sys, torch
 sys.path.insert(0, os.path.dirname(sys.argv[3]))
-from test_flashinfer_moe_sm90 import QWEN3_30B, _case
-from sglang_mxfp8.ops import flashinfer_sm90 as fs
+from test_jit_fused_moe import QWEN3_30B, _case
+from sglang_mxfp8.ops.flashinfer_jit import tile_configs as fs
 if sys.argv[1] == "flashinfer":  # FlashInfer's JIT compiles every kernel itself
     fs.concurrent_compile_unsupported = lambda: "left to FlashInfer by the test"
 max_m = 300
@@ -146,7 +146,7 @@ def test_precompile_compiles_exactly_the_grouped_kernels_flashinfer_selects(tmp_
     import subprocess
     import sys
 
-    flashinfer_moe_sm90.build()
+    fused_moe.build()
     outputs = {}
     for who in ("flashinfer", "ours"):
         env = dict(os.environ, TRTLLM_DG_JIT_DUMP_CUBIN="1", TRTLLM_DG_CACHE_DIR=str(tmp_path / who))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import set_server_args
-from sglang_mxfp8.ops import flashinfer_sm90 as fs
+from sglang_mxfp8.ops.flashinfer_jit import tile_configs as fs
 
 H200_SMS = 132
 
@@ -285,7 +285,7 @@ def test_build_command_compiles_the_fused_moe_grouped_kernels(tmp_path, monkeypa
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
     monkeypatch.setenv("SGLANG_MXFP8_DISABLED_KERNELS", "moe_gemv,triton_w8a8_moe")  # read fresh: conftest
     built = []
-    for kernel in (FlashInferSm90, FlashInferCutlassSm90MoE):  # the JIT modules: tests/test_flashinfer_moe_build.py
+    for kernel in (FlashInferSm90, FlashInferCutlassSm90MoE):  # the JIT modules: tests/test_jit_fused_moe.py
         monkeypatch.setattr(kernel, "prebuild", lambda self: built.append(self.name))
     args = ["build", "--gpu", "h200", "--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend",
             "flashinfer_cutlass", "--max-tokens", "40", "--model", str(mx)]

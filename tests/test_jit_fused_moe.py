@@ -1,4 +1,4 @@
-"""The trimmed SM90 fused-MoE JIT module (sglang_mxfp8/ops/flashinfer_moe_sm90.py) derived from the installed
+"""The trimmed SM90 fused-MoE JIT module (sglang_mxfp8/ops/flashinfer_jit/fused_moe.py) derived from the installed
 FlashInfer's real sources and JIT spec, in a fresh process with FlashInfer's cache in a temporary folder (its JIT
 spec factory needs a target architecture named: FLASHINFER_CUDA_ARCH_LIST=9.0a). Where this machine has nvcc, the
 runner's sources are compiled with FlashInfer's own ninja rule and their symbols compared; the module's build, link
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import finish_ninja, ninja_objects, run_python, start_ninja
-from sglang_mxfp8.ops import flashinfer_moe_sm90 as f
+from sglang_mxfp8.ops.flashinfer_jit import fused_moe as f
 
 pytest.importorskip("flashinfer.jit")
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import flashinfer
 import flashinfer.fused_moe.core as core
 from flashinfer.jit import env as jit_env
-from sglang_mxfp8.ops import flashinfer_moe_sm90 as f
+from sglang_mxfp8.ops.flashinfer_jit import fused_moe as f
 
 csrc = Path(jit_env.FLASHINFER_CSRC_DIR)
 source = (csrc / f._BINDING).read_text()
@@ -83,7 +83,7 @@ def test_trimmed_module_is_flashinfers_sm90_module_reduced_to_the_block_scale_ru
     ours = [s.split("/csrc/")[-1] for s in got["our_sources"] if s not in got["derived"][1:]]
     gemm = "nv_internal/tensorrt_llm/kernels/cutlass_kernels/fp8_blockscale_gemm/fp8_blockscale_gemm.cu"
     trimmed_gemm = [s for s in ours if s.endswith("/generated/fused_moe_90_fp8_block_scale/fp8_blockscale_gemm.cu")]
-    assert len(trimmed_gemm) == 1 and gemm in full  # FlashInfer's, trimmed (test_flashinfer_blockscale_build.py)
+    assert len(trimmed_gemm) == 1 and gemm in full  # FlashInfer's, trimmed (test_jit_blockscale_gemm.py)
     ours = [gemm if s in trimmed_gemm else s for s in ours]
     assert set(ours) <= full and len(got["full_sources"]) >= 10 * len(got["our_sources"])
     assert [s for s in ours if "moe_gemm_kernels_" in s] == [
@@ -160,7 +160,7 @@ FALLBACK = r"""
 import json, logging
 from pathlib import Path
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-from sglang_mxfp8.ops import flashinfer_moe_sm90 as f
+from sglang_mxfp8.ops.flashinfer_jit import fused_moe as f
 f._EXPERT_MAPS_DISPATCH = "bool fusedBuildExpertMapsSortFirstTokenAll(\n"  # a FlashInfer whose header changed
 spec = f.block_scale_moe_spec()
 print(json.dumps(dict(sources=[s.name for s in spec.sources], instantiation=next(
@@ -180,7 +180,7 @@ def test_a_changed_header_compiles_the_runner_with_its_sort_kernels_and_says_why
 
 WRITE_NINJA = r"""
 import sys
-from sglang_mxfp8.ops import flashinfer_moe_sm90 as f
+from sglang_mxfp8.ops.flashinfer_jit import fused_moe as f
 if sys.argv[1] == "whole":
     f._EXPERT_MAPS_DISPATCH = "bool fusedBuildExpertMapsSortFirstTokenAll(\n"  # FlashInfer's header, unsplit
 spec = f.block_scale_moe_spec()

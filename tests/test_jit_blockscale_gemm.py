@@ -1,5 +1,5 @@
 """FlashInfer's FP8 block-scale GEMM source trimmed to its DeepGEMM path
-(sglang_mxfp8/ops/flashinfer_blockscale_build.py), derived from the installed FlashInfer's real header and JIT specs,
+(sglang_mxfp8/ops/flashinfer_jit/blockscale_gemm.py), derived from the installed FlashInfer's real header and JIT specs,
 and compiled with FlashInfer's own nvcc command where this machine has nvcc. The modules' link, load and numbers are
 the GPU tests' (tests/gpu)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import finish_ninja, ninja_objects, run_python, start_ninja
-from sglang_mxfp8.ops import flashinfer_blockscale_build as fb
+from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fb
 
 flashinfer_jit = pytest.importorskip("flashinfer.jit")
 
@@ -79,7 +79,7 @@ import json
 from pathlib import Path
 from flashinfer.jit import env as jit_env
 from flashinfer.jit.gemm import gen_fp8_blockscale_gemm_sm90_module
-from sglang_mxfp8.ops import flashinfer_blockscale_build as fb, flashinfer_moe_sm90 as moe
+from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fb, fused_moe as moe
 
 stock, dense, fused = gen_fp8_blockscale_gemm_sm90_module(), fb.dense_spec(), moe.block_scale_moe_spec()
 print(json.dumps(dict(
@@ -133,7 +133,7 @@ import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 from flashinfer.gemm import gemm_base
 del gemm_base.get_fp8_blockscale_gemm_runner_sm90.__wrapped__
-from sglang_mxfp8.ops import flashinfer_blockscale_build as fb
+from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fb
 print("NAME", fb.dense_spec().name)
 """
     p = run_python(code, {"FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
@@ -149,7 +149,7 @@ def test_trimmed_source_compiles_with_flashinfers_command_without_the_left_out_k
     got, _ = derive(tmp_path)
     ninja = Path(got["ninja"])
     if not ninja.exists():
-        p = run_python("from sglang_mxfp8.ops import flashinfer_blockscale_build as fb; fb.dense_spec().write_ninja()",
+        p = run_python("from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fb; fb.dense_spec().write_ninja()",
                        {"FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
         assert p.returncode == 0, p.stderr[-2000:]
     (target,) = ninja_objects(ninja, lambda source: source.endswith("/fp8_blockscale_gemm.cu"))
