@@ -116,7 +116,7 @@ def test_refit_in_place_is_idempotent_and_serves_the_new_weights():
 PRECOMPILE = r"""
 import os, random, sys, torch
 sys.path.insert(0, os.path.dirname(sys.argv[3]))
-from test_jit_fused_moe import QWEN3_30B, _case
+from test_trimmed_fused_moe import QWEN3_30B, _case
 from sglang_mxfp8.ops.flashinfer_jit import tile_configs as fs
 if sys.argv[1] == "flashinfer":  # FlashInfer's JIT compiles every kernel itself
     fs.concurrent_compile_unsupported = lambda: "left to FlashInfer by the test"
