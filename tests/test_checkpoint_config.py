@@ -69,3 +69,41 @@ def test_doctor_and_launch_refuse_the_same_moe_flag(tmp_path, capsys):
     assert "valid choices on this GPU: auto, triton, flashinfer_cutlass" in moe
     assert all(len(line) <= 100 for line in out.splitlines() if line.startswith("  "))  # a 100-column terminal
     assert json.loads((mx / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp8"
+
+
+# ModelOpt's quant_algo values of other recipes (hf_quant_config.json spells them upper-case), and names that merely
+# contain "MXFP8" or "FP8": none of them is MXFP8, and reading one as MXFP8 would serve another format's bytes.
+OTHER_MODELOPT_ALGOS = ["FP8", "FP8_PB_WO", "FP8_PC_PT", "FP8_BLOCK", "NVFP4", "NVFP4_AWQ", "MXFP4", "W4A8_AWQ",
+                        "W4A8_NVFP4_FP8", "W4A8_MXFP4_FP8", "INT8_SQ", "INT4_AWQ", "MIXED_PRECISION", "W4A8_MXFP8",
+                        "MXFP8_MXFP4", "NOT_MXFP8", "MXFP", "", None, 8]
+
+
+@pytest.mark.parametrize("algo", OTHER_MODELOPT_ALGOS)
+@pytest.mark.parametrize("where", ["config.json", "hf_quant_config.json"])
+def test_a_modelopt_checkpoint_of_another_recipe_is_never_read_as_mxfp8(algo, where):
+    section = {"quant_algo": algo, "exclude_modules": ["lm_head"]}
+    cfg = {"quant_method": "modelopt", **section} if where == "config.json" else {"quantization": section}
+    assert detect_mxfp8(cfg) is None
+
+
+@pytest.mark.parametrize("algo", ["MXFP8", "mxfp8", "MxFp8"])
+def test_modelopt_mxfp8_is_read_in_any_case(algo):
+    assert detect_mxfp8({"quantization": {"quant_algo": algo, "exclude_modules": ["lm_head"]}}).ignored == ["lm_head"]
+    assert detect_mxfp8({"quant_method": "modelopt", "quant_algo": algo}).scale_name == "weight_scale"
+
+
+def test_sglang_reads_a_modelopt_fp8_checkpoint_as_modelopt_fp8_with_this_package_active(tmp_path):
+    """The patched ModelConfig hands every other ModelOpt recipe to SGLang's own reading."""
+    from conftest import run_python
+
+    algos = ["FP8", "FP8_PB_WO", "NVFP4", "MXFP8"]
+    code = "from sglang.srt.configs.model_config import ModelConfig\n"
+    for algo in algos:
+        ckpt = write_config(tmp_path / algo, {"quant_method": "modelopt", "quant_algo": algo,
+                                              "exclude_modules": ["lm_head"]})
+        code += f"print({algo!r}, ModelConfig({str(ckpt)!r}).quantization)\n"
+    ours, stock = run_python(code), run_python(code, {"SGLANG_MXFP8_DISABLE": "1"})
+    assert ours.returncode == 0 and stock.returncode == 0, (ours.stderr + stock.stderr)[-3000:]
+    ours, stock = (dict(line.split() for line in p.stdout.splitlines()[-len(algos):]) for p in (ours, stock))
+    assert ours["MXFP8"] == "mxfp8" and stock["FP8"] == "modelopt_fp8"
+    assert {a: ours[a] for a in algos[:-1]} == {a: stock[a] for a in algos[:-1]}  # SGLang's own reading, untouched

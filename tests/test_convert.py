@@ -1,6 +1,7 @@
 """Converter round trip on a tiny model built with transformers, read back through SGLang's real config classes."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -54,7 +55,8 @@ def test_round_trip(hf_llama, tmp_path):
         assert torch.equal(dst_t[name].view(torch.uint8), src_t[name].view(torch.uint8))  # byte-identical
     qc = json.loads((dst / "config.json").read_text())["quantization_config"]
     assert qc == {"quant_method": "mxfp8", "fmt": "e4m3", "weight_block_size": [1, 32], "scale_fmt": "ue8m0",
-                  "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head", "model.embed_tokens"]}
+                  "activation_scheme": "dynamic", "modules_to_not_convert": ["lm_head", "model.embed_tokens"],
+                  "scale_rounding": "ceil"}  # what a BF16 tensor sent to the server is quantized with
     assert (dst / "generation_config.json").is_file()
     assert validate(dst) == 14
 
@@ -352,3 +354,154 @@ def test_invalid_config_json_gives_one_line(hf_llama, tmp_path, capsys):
     (model / "config.json").write_text("{not json")
     assert cli(["convert", str(model), str(tmp_path / "mx")]) == 2
     assert capsys.readouterr().err.startswith(f"error: {model / 'config.json'}: not readable JSON (JSONDecodeError")
+
+
+def _someones_checkpoint(folder):
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"their weights")
+
+
+@pytest.mark.parametrize("holding", [
+    "someone's checkpoint",
+    "a folder named like the marker",
+    "the marker in a subfolder",
+    "an empty marker file",
+    "a marker another tool wrote",
+    "a link to an earlier conversion's marker",
+])
+def test_force_never_replaces_a_folder_that_is_not_an_earlier_conversion(hf_llama, tmp_path, holding):
+    dst = tmp_path / "out"
+    _someones_checkpoint(dst)
+    earlier = tmp_path / "earlier"
+    convert(hf_llama, earlier, progress=False)
+    marker = dst / "mxfp8_conversion.json"
+    if holding == "a folder named like the marker":
+        marker.mkdir()
+        (marker / "x").write_text(json.dumps({"converted_by": "sglang_mxfp8 0.1.0"}))
+    elif holding == "the marker in a subfolder":
+        (dst / "sub").mkdir()
+        (dst / "sub" / "mxfp8_conversion.json").write_bytes((earlier / "mxfp8_conversion.json").read_bytes())
+    elif holding == "an empty marker file":
+        marker.write_text("")
+    elif holding == "a marker another tool wrote":
+        marker.write_text(json.dumps({"converted_by": "another_tool 1.0"}))
+    elif holding == "a link to an earlier conversion's marker":
+        marker.symlink_to(earlier / "mxfp8_conversion.json")
+    before = _snapshot(tmp_path)
+    with pytest.raises(ConvertError, match="holds files sglang_mxfp8 did not write"):
+        convert(hf_llama, dst, force=True, progress=False)
+    assert cli(["convert", str(hf_llama), str(dst), "--force"]) == 2
+    assert _snapshot(tmp_path) == before  # nothing deleted, nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "out"]
+
+
+def test_a_conversion_is_written_beside_its_destination_and_renamed_into_place(hf_llama, tmp_path, monkeypatch):
+    """The partial output lives in the destination's folder (same file system: the final rename is atomic), not in
+    the temporary folder, the working folder or the input's folder."""
+    import os
+    import shutil
+    import tempfile
+
+    from sglang_mxfp8.format import convert as conv
+
+    elsewhere = {name: tmp_path / name for name in ("tmp", "cwd", "input", "dest")}
+    for folder in elsewhere.values():
+        folder.mkdir()
+    src = elsewhere["input"] / "model"
+    shutil.copytree(hf_llama, src)
+    monkeypatch.setattr(tempfile, "tempdir", str(elsewhere["tmp"]))
+    monkeypatch.setenv("TMPDIR", str(elsewhere["tmp"]))
+    monkeypatch.chdir(elsewhere["cwd"])
+    seen, real_replace = [], conv._replace
+
+    def watch(work, dst):
+        seen.append((work, sorted(p.name for p in work.parent.iterdir()), sorted(os.listdir(elsewhere["tmp"])),
+                     sorted(os.listdir(elsewhere["cwd"])), sorted(os.listdir(elsewhere["input"]))))
+        return real_replace(work, dst)
+
+    monkeypatch.setattr(conv, "_replace", watch)
+    for dst in (elsewhere["dest"] / "mx", elsewhere["dest"] / "new" / "mx"):
+        convert(src, dst, progress=False)
+        (work, beside, in_tmp, in_cwd, in_input) = seen[-1]
+        assert work.parent == dst.parent and work.name.startswith(".mx.partial-") and beside == [work.name]
+        assert (in_tmp, in_cwd, in_input) == ([], [], ["model"])
+        assert validate(dst) == 14 and sorted(p.name for p in dst.parent.iterdir()) == ["mx"]
+
+
+LAYER0 = ["model.layers.0.mlp.down_proj", "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj",
+          "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.o_proj", "model.layers.0.self_attn.q_proj",
+          "model.layers.0.self_attn.v_proj"]
+
+SERVED = r"""
+import json, sys
+from sglang.srt.layers.quantization.utils import is_layer_skipped
+from sglang_mxfp8.sglang import quant_methods
+
+cfg = quant_methods.Mxfp8Config.from_config(json.load(open(sys.argv[1]))["quantization_config"])
+fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}  # Llama's, in SGLang
+for i in (0, 1):
+    for module in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+        print(i, module, is_layer_skipped(f"model.layers.{i}.{module}", cfg.ignored_layers, fused_mapping=fused))
+"""
+
+
+def test_keep_bf16_leaves_the_chosen_layers_as_they_were_and_sglang_serves_them_unquantized(hf_llama, tmp_path, capsys):
+    """`--keep-bf16 first:1 --keep-bf16 lm_head`: layer 0's projections and lm_head keep the input's bytes (no scale
+    tensor), layer 1's are MXFP8; modules_to_not_convert lists them, SGLang's layer skipping (which gives a layer its
+    unquantized method in Mxfp8Config.get_quant_method) skips layer 0's fused layers and not layer 1's; doctor names
+    them."""
+    dst = tmp_path / "mx"
+    assert cli(["convert", str(hf_llama), str(dst), "--keep-bf16", "first:1", "--keep-bf16", "lm_head"]) == 0
+    src_t, out = _tensors(hf_llama), _tensors(dst)
+    for module in LAYER0 + ["lm_head"]:
+        assert out[f"{module}.weight"].dtype == torch.bfloat16 and f"{module}.weight_scale_inv" not in out
+        assert torch.equal(out[f"{module}.weight"].view(torch.int16), src_t[f"{module}.weight"].view(torch.int16))
+    for module in LAYER0:
+        one = module.replace("layers.0", "layers.1")
+        assert out[f"{one}.weight"].dtype == torch.float8_e4m3fn and out[f"{one}.weight_scale_inv"].dtype == torch.uint8
+    config = json.loads((dst / "config.json").read_text())
+    assert config["quantization_config"]["modules_to_not_convert"] == sorted(LAYER0 + ["lm_head", "model.embed_tokens"])
+    assert json.loads((dst / "mxfp8_conversion.json").read_text())["keep_bf16"] == ["first:1", "lm_head"]
+    p = run_python(SERVED.replace("sys.argv[1]", repr(str(dst / "config.json"))))
+    assert p.returncode == 0, p.stderr[-3000:]
+    served = [line.split() for line in p.stdout.splitlines() if line[:2] in ("0 ", "1 ")]
+    modules = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    assert served == [[i, m, skipped] for i, skipped in (("0", "True"), ("1", "False")) for m in modules]
+    capsys.readouterr()
+    assert cli(["doctor", "--gpu", "h200", "--model", str(dst)]) == 0
+    out_text = capsys.readouterr().out
+    assert "BF16 (modules_to_not_convert; SGLang's own unquantized kernels): lm_head, model.embed_tokens, " \
+           "model.layers.0.mlp.down_proj, model.layers.0.mlp.gate_proj, ... (9 in all)" in " ".join(out_text.split())
+    assert any("model.layers.N" in line for line in doctor_plans(out_text))
+
+
+@pytest.mark.parametrize("patterns,message", [
+    (["model.layers.0.self_attn.q_proj"], "keeps model.layers.0.self_attn.q_proj but not "
+                                         "model.layers.0.self_attn.k_proj: SGLang serves q_proj + k_proj + v_proj as one"),
+    (["model.layers.1.mlp.up_proj"], "keeps model.layers.1.mlp.up_proj but not model.layers.1.mlp.gate_proj: SGLang "
+                                     "serves gate_proj + up_proj as one weight"),
+    (["model.layers.7"], "--keep-bf16 model.layers.7: matches no tensor of the checkpoint"),
+    (["first:x"], "--keep-bf16 first:x: needs N >= 0"),
+    (["first:1", "lm_heads"], "--keep-bf16 lm_heads: matches no tensor"),
+])
+def test_keep_bf16_refuses_what_sglang_cannot_serve_and_writes_nothing(hf_llama, tmp_path, patterns, message):
+    with pytest.raises(ConvertError, match=re.escape(message)):
+        convert(hf_llama, tmp_path / "mx", progress=False, keep_bf16=patterns)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_keep_bf16_takes_a_moe_layers_experts_all_or_none(tmp_path):
+    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+
+    src = write_qwen3_moe(tmp_path / "moe", layers=3)
+    with pytest.raises(ConvertError, match=re.escape(
+            "--keep-bf16 keeps model.layers.0.mlp.experts.1.down_proj but not model.layers.0.mlp.experts.0.down_proj: "
+            "SGLang runs a layer's experts as one fused MoE in one dtype; keep all of model.layers.0.mlp.experts")):
+        convert(src, tmp_path / "a", progress=False, keep_bf16=["model.layers.0.mlp.experts.1"])
+    report = convert(src, tmp_path / "b", progress=False, keep_bf16=["last:1", "model.layers.0.mlp.experts"])
+    kept = json.loads((tmp_path / "b" / "config.json").read_text())["quantization_config"]["modules_to_not_convert"]
+    assert {m for m in kept if ".experts." in m} == {f"model.layers.{i}.mlp.experts.{e}.{p}" for i in (0, 2)
+                                                      for e in range(8) for p in ("gate_proj", "up_proj", "down_proj")}
+    assert not any(".layers.1.mlp.experts." in name for name in report.kept)
+    assert "model.layers.2.self_attn.q_proj" in kept and "model.layers.1.self_attn.q_proj" not in kept

@@ -203,3 +203,78 @@ def test_moe_reference_matches_a_per_token_float64_loop():
     assert torch.equal(swapped, got)
     fp8 = moe_reference(x, w13, b13, w2, b2, tw, ids)
     assert 0 < ((fp8.double() - expected).norm() / expected.norm()).item() < 0.05  # 1x128 FP8 activations
+
+
+def test_every_scale_byte_decodes_to_its_power_of_two_and_255_to_nan():
+    got = e8m0_to_float(torch.arange(256, dtype=torch.uint8)).double()
+    assert torch.equal(got[:255], torch.tensor([math.ldexp(1.0, b - 127) for b in range(255)], dtype=torch.float64))
+    assert torch.isnan(got[255])
+
+
+def test_a_block_whose_scale_byte_is_255_dequantizes_to_nan_whatever_its_elements():
+    """Scale byte 255 is NaN (OCP MX v1.0): every element of its block is NaN, finite and zero ones too, never
+    +-Inf or a large finite value; the other blocks of the row keep their exact values."""
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    q = (torch.randn(6, 128, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    q.view(torch.uint8)[:, 40:44] = torch.tensor([0x00, 0x80, 0x01, 0x81], dtype=torch.uint8)  # +-0, +-subnormal
+    s = torch.randint(100, 160, (6, 4), generator=g, dtype=torch.uint8)
+    s[:, 1] = 255
+    s[5, :] = 255
+    got = dequantize_mxfp8(q, s)
+    nan_block = torch.zeros(6, 128, dtype=torch.bool)
+    nan_block[:, 32:64] = True
+    nan_block[5] = True
+    assert torch.isnan(got[nan_block]).all()
+    ref = q.double() * torch.pow(2.0, s.double() - 127).repeat_interleave(32, dim=1)
+    assert torch.equal(got[~nan_block].double(), ref[~nan_block])
+    assert torch.equal(torch.signbit(got[~nan_block]), torch.signbit(ref[~nan_block]))
+
+
+def _expected_block_exponents(q, s, block_rows):
+    """Float64 reference: per (row block, 128 columns), the largest scale exponent of a 32-element sub-block holding a
+    nonzero value (-0.0 is zero), 0 where there is none."""
+    r, k = q.shape
+    values = q.double()
+    out = torch.zeros(-(-r // block_rows), -(-k // 128), dtype=torch.int64)
+    for b in range(out.shape[0]):
+        for c in range(out.shape[1]):
+            exps = [int(s[i, j]) - 127 for i in range(b * block_rows, min(r, (b + 1) * block_rows))
+                    for j in range(c * 4, min(k // 32, c * 4 + 4)) if bool((values[i, j * 32:(j + 1) * 32] != 0).any())]
+            out[b, c] = max(exps) if exps else 0
+    return out
+
+
+@pytest.mark.parametrize("block_rows", [1, 128, "row"])
+def test_signed_zeros_keep_their_sign_and_never_set_a_block_exponent(block_rows):
+    """-0.0 (byte 0x80) is a zero: a sub-block of -0.0 with a large scale byte sets no exponent, and every +0.0 and
+    -0.0 keeps its byte through the in-place conversion, as do values that shift into e4m3's zero."""
+    from sglang_mxfp8.format.numerics import convert_to_row_scales
+
+    seed = int(torch.randint(1 << 30, ()))
+    x = _rand(seed, 130, 320, spread=0.5)
+    q, s = quantize_mxfp8(x)
+    g = torch.Generator().manual_seed(seed)
+    bytes_ = q.view(torch.uint8)
+    pick = torch.rand(q.shape, generator=g)
+    bytes_[pick < 0.15] = 0x80
+    bytes_[(pick >= 0.15) & (pick < 0.25)] = 0x00
+    bytes_[3, 64:96] = 0x80  # a whole sub-block of -0.0 ...
+    s[3, 2] = 250  # ... whose scale byte would dominate its blocks if -0.0 counted as nonzero
+    bytes_[7, 0:32] = torch.tensor([0x80, 0x00] * 16, dtype=torch.uint8)
+    s[7, 0] = 240
+    before = q.clone()
+    zeros = (before.view(torch.uint8) & 0x7F) == 0
+    w = q.clone()
+    if block_rows == "row":
+        scales, changed = convert_to_row_scales(w, s)
+        expected = _expected_block_exponents(before, s, 1).amax(dim=1)
+        value = w.double() * scales.double()[:, None]
+    else:
+        scales, changed = convert_to_block_scales(w, s, block_rows)
+        expected = _expected_block_exponents(before, s, block_rows)
+        value = dequantize_block_fp8(w, scales, block_rows).double()
+    assert torch.equal(torch.log2(scales.double()), expected.double())
+    assert torch.equal(w.view(torch.uint8)[zeros], before.view(torch.uint8)[zeros])
+    ref = dequantize_mxfp8(before, s).double()
+    assert torch.equal(torch.signbit(value), torch.signbit(ref))  # values that underflowed keep their sign too
+    assert int((value != ref).sum()) == changed

@@ -245,10 +245,15 @@ def _moe_style_loader_rows(param, loaded_weight, weight_name, shard_id=None, exp
 
 @pytest.mark.parametrize("rounding", ["ceil", "floor"])
 def test_bf16_weights_a_trainer_sends_are_served_as_the_converter_writes_them(tmp_path, rounding):
+    bf16_in_equals_convert(tmp_path, rounding, "cpu")
+
+
+def bf16_in_equals_convert(tmp_path, rounding, device):
     """update_weights_from_tensor with BF16 tensors for layers served as MXFP8: each is quantized where its parameter
-    lives with the checkpoint's scale rounding, and the FP8 weight and its scale loaded (through SGLang's loaders'
-    calling conventions, dense and MoE) are byte for byte what ``sglang-mxfp8 convert`` writes for the same tensors
-    (real safetensors files); the scale is recorded, so the post-load check passes, and no float copy is kept."""
+    lives (``device``) with the checkpoint's scale rounding, and the FP8 weight and its scale loaded (through SGLang's
+    loaders' calling conventions, dense and MoE) are byte for byte what ``sglang-mxfp8 convert`` writes for the same
+    tensors (real safetensors files); the scale is recorded, so the post-load check passes, and no float copy is
+    kept. tests/gpu runs it on the GPU."""
     from safetensors.torch import load_file, save_file
     from sglang.srt.layers.parameter import ModelWeightParameter
     from sglang.srt.model_loader.weight_utils import default_weight_loader
@@ -268,17 +273,19 @@ def test_bf16_weights_a_trainer_sends_are_served_as_the_converter_writes_them(tm
     written = load_file(str(tmp_path / "mx" / "model.safetensors"))
     assert json.loads((tmp_path / "mx" / "config.json").read_text())["quantization_config"]["scale_rounding"] == rounding
 
-    dense_w = ModelWeightParameter(data=torch.zeros(64, 256, dtype=torch.float8_e4m3fn), input_dim=1, output_dim=0,
-                                   weight_loader=default_weight_loader)
-    dense_s = torch.nn.Parameter(torch.zeros(64, 8, dtype=torch.uint8), requires_grad=False)
+    trainer = {name: t.to(device) for name, t in trainer.items()}
+    dense_w = ModelWeightParameter(data=torch.zeros(64, 256, dtype=torch.float8_e4m3fn, device=device), input_dim=1,
+                                   output_dim=0, weight_loader=default_weight_loader)
+    dense_s = torch.nn.Parameter(torch.zeros(64, 8, dtype=torch.uint8, device=device), requires_grad=False)
     dense = LoadTracker("model.layers.0.mlp.down_proj", {"": (dense_w, dense_s)}, rounding=rounding)
     dense_w.weight_loader(dense_w, trainer["model.layers.0.mlp.down_proj.weight"])
     dense.check()
-    assert torch.equal(dense_w.view(torch.uint8), written["model.layers.0.mlp.down_proj.weight"].view(torch.uint8))
-    assert torch.equal(dense_s, written["model.layers.0.mlp.down_proj.weight_scale_inv"])
+    assert torch.equal(dense_w.cpu().view(torch.uint8),
+                       written["model.layers.0.mlp.down_proj.weight"].view(torch.uint8))
+    assert torch.equal(dense_s.cpu(), written["model.layers.0.mlp.down_proj.weight_scale_inv"])
 
-    w13 = torch.nn.Parameter(torch.zeros(2, 32, 64, dtype=torch.float8_e4m3fn), requires_grad=False)
-    s13 = torch.nn.Parameter(torch.zeros(2, 32, 2, dtype=torch.uint8), requires_grad=False)
+    w13 = torch.nn.Parameter(torch.zeros(2, 32, 64, dtype=torch.float8_e4m3fn, device=device), requires_grad=False)
+    s13 = torch.nn.Parameter(torch.zeros(2, 32, 2, dtype=torch.uint8, device=device), requires_grad=False)
     names = []
 
     def fused_moe_loader(param, loaded_weight, weight_name, shard_id=None, expert_id=None):
@@ -298,5 +305,126 @@ def test_bf16_weights_a_trainer_sends_are_served_as_the_converter_writes_them(tm
     for e in range(2):
         for half, proj in ((slice(0, 16), "gate_proj"), (slice(16, 32), "up_proj")):
             name = f"model.layers.0.mlp.experts.{e}.{proj}.weight"
-            assert torch.equal(w13[e, half].view(torch.uint8), written[name].view(torch.uint8)), name
-            assert torch.equal(s13[e, half], written[name + "_scale_inv"]), name
+            assert torch.equal(w13[e, half].cpu().view(torch.uint8), written[name].view(torch.uint8)), name
+            assert torch.equal(s13[e, half].cpu(), written[name + "_scale_inv"]), name
+
+
+def _sum_preserving_change(row: torch.Tensor, g: torch.Generator, forbidden=()) -> None:
+    """Change two bytes of a uint8 row so that its plain byte sum stays: a swap of two different bytes, or +d at one
+    position and -d at another; no byte becomes one of ``forbidden``."""
+    width = row.numel()
+    while True:
+        i, j = (int(v) for v in torch.randint(width, (2,), generator=g))
+        a, b = int(row[i]), int(row[j])
+        if i == j:
+            continue
+        if int(torch.randint(2, (), generator=g)) and a != b:
+            new = b, a
+        elif min(255 - a, b) > 0:
+            d = int(torch.randint(1, min(255 - a, b) + 1, (), generator=g))
+            new = a + d, b - d
+        else:
+            continue
+        if not set(new) & set(forbidden):
+            row[i], row[j] = new
+            return
+
+
+def test_row_fingerprints_tell_apart_rows_whose_bytes_keep_their_sum():
+    from sglang_mxfp8.format.refit import _row_fingerprints
+
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    for width in (32, 320, 4096):
+        rows = torch.randint(256, (200, width), generator=g, dtype=torch.uint8)
+        changed = rows.clone()
+        for r in range(changed.shape[0]):
+            _sum_preserving_change(changed[r], g)
+        assert torch.equal(rows.long().sum(1), changed.long().sum(1))
+        before = _row_fingerprints(rows, torch.empty(200, dtype=torch.int64))
+        after = _row_fingerprints(changed, torch.empty(200, dtype=torch.int64))
+        assert bool((before != after).all()), int((before == after).sum())
+        assert torch.equal(before, _row_fingerprints(rows.clone(), torch.empty(200, dtype=torch.int64)))
+
+
+@pytest.mark.parametrize("br", [1, 128])
+def test_a_reload_whose_rows_keep_their_byte_sums_is_converted_again(br):
+    """A refit that writes, into every row, the bytes the conversion left there with two of them moved (the byte sum
+    unchanged) is a reload: the result equals a fresh server's conversion of what was loaded."""
+    qa, sa = _ckpt(3, groups=1, rows=256, k=320)
+    w, s = qa.clone(), sa.clone()
+    conv = BlockScaleConverter(1, 256, 320, br, "cpu", "layers.0.mlp.down_proj")
+    conv.refresh(w, s)
+    g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    loaded = w.clone()
+    for r in range(256):
+        _sum_preserving_change(loaded.view(torch.uint8)[0, r], g, forbidden=(0x7F, 0xFF))  # e4m3 NaN
+    w.copy_(loaded)
+    stats = conv.refresh(w, s)
+    fresh_w = loaded.clone()
+    fresh = BlockScaleConverter(1, 256, 320, br, "cpu", "fresh")
+    fresh.refresh(fresh_w, s)
+    assert stats.converted_rows == 256
+    assert torch.equal(w.view(torch.uint8), fresh_w.view(torch.uint8)) and torch.equal(conv.block_scale, fresh.block_scale)
+
+
+STORAGE = r"""
+import logging, sys
+import torch
+import conftest
+from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+import sglang.srt.layers.quantization.fp8 as fp8
+from sglang_mxfp8.cli.doctor import KNOWN_GPUS
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.platform import GpuSpec
+from sglang_mxfp8.sglang import quant_methods, weights
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="LOG %(levelname)s %(message)s")
+initialize_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))
+quant_methods.current_gpu = lambda: GpuSpec(*KNOWN_GPUS["h200"])
+fp8.get_tensor_model_parallel_world_size = lambda: 1
+model = torch.nn.Module()
+model.o_proj = conftest.mxfp8_linear("model.layers.0.self_attn.o_proj", *quantize_mxfp8(torch.randn(256, 256)))
+model.down_proj = conftest.mxfp8_linear("model.layers.0.mlp.down_proj", *quantize_mxfp8(torch.randn(256, 512)))
+state = [name for name, _ in model.o_proj.mxfp8_state.tensors()]
+print("TENSORS", len(weights.mxfp8_tensors(model)), "STATE", len(state))
+print("STEP first"); weights.check_storage(model)
+print("STEP same"); weights.check_storage(model)
+w, s = quantize_mxfp8(torch.randn(256, 512))
+model.down_proj.weight.data.copy_(w); model.down_proj.weight_scale_inv.data.copy_(s)
+model.down_proj.quant_method.process_weights_after_loading(model.down_proj)
+print("STEP refit"); weights.check_storage(model)
+MOVE
+print("STEP moved"); weights.check_storage(model)
+print("STEP again"); weights.check_storage(model)
+"""
+
+
+@pytest.mark.parametrize("move,name", [
+    ("model.o_proj.weight.data = model.o_proj.weight.data.clone()", "o_proj.weight"),
+    ("model.down_proj.weight_scale_inv.data = model.down_proj.weight_scale_inv.data.clone()",
+     "down_proj.weight_scale_inv"),
+    ("c = model.o_proj.mxfp8_state.converter; c.block_scale = c.block_scale.clone()",
+     "o_proj.mxfp8_state.converter.block_scale"),
+])
+def test_the_storage_check_names_a_tensor_that_moved_after_the_first_load(move, name):
+    """Every MXFP8 tensor's storage is compared with the first load's, after each load: an in-place refit keeps it
+    (info), a parameter, scale or derived tensor given new storage is named (warning), on every later load too."""
+    from conftest import run_python, tests_importable
+
+    p = run_python(STORAGE.replace("MOVE", move), tests_importable())
+    assert p.returncode == 0, p.stderr[-3000:]
+    steps, current = {}, None
+    for line in p.stdout.splitlines():
+        if line.startswith("STEP "):
+            current = line[5:]
+        elif line.startswith("LOG ") and "sglang_mxfp8: " in line and current:
+            steps.setdefault(current, []).append(line)
+    tensors = int(p.stdout.split("TENSORS ")[1].split()[0])
+    assert tensors >= 6 and int(p.stdout.split("STATE ")[1].split()[0]) >= 1
+    assert steps["first"] == [f"LOG INFO sglang_mxfp8: storage of {tensors} MXFP8 tensors recorded at first load"]
+    unchanged = [f"LOG INFO sglang_mxfp8: storage of all {tensors} MXFP8 tensors unchanged since the first load"]
+    assert steps["same"] == unchanged and steps["refit"] == unchanged
+    for step in ("moved", "again"):
+        (line,) = steps[step]
+        assert line.startswith(f"LOG WARNING sglang_mxfp8: 1 of {tensors} MXFP8 tensors moved since the first load "
+                               f"(first: ") and f"{name}" in line, line

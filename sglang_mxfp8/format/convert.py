@@ -104,7 +104,7 @@ class KeepBf16:
             parent, leaf = module.rsplit(".", 1) if "." in module else ("", module)
             if ".experts." in module:
                 layer = module.split(".experts.")[0] + ".experts."
-                other = next((q for q in quantized if q.startswith(layer)), None)
+                other = next((q for q in sorted(quantized) if q.startswith(layer)), None)
                 if other:
                     raise ConvertError(f"--keep-bf16 keeps {module} but not {other}: SGLang runs a layer's experts as "
                                        f"one fused MoE in one dtype; keep all of {layer[:-1]} or none")
@@ -184,9 +184,22 @@ def _check_output(src: Path, dst: Path, force: bool) -> None:
     if d.is_dir() and any(d.iterdir()):
         if not force:
             raise ConvertError(f"{dst} exists and is not empty; pass --force to replace an earlier conversion there")
-        if not (d / MARKER).is_file():
-            raise ConvertError(f"{dst} holds files sglang_mxfp8 did not write (no {MARKER}); --force replaces only an "
-                               "earlier conversion: choose a new or empty folder")
+        if not _written_by_us(d):
+            raise ConvertError(f"{dst} holds files sglang_mxfp8 did not write (no {MARKER} of ours); --force replaces "
+                               "only an earlier conversion: choose a new or empty folder")
+
+
+def _written_by_us(folder: Path) -> bool:
+    """Whether ``folder`` is an earlier conversion: its own marker file (not a link, not in a subfolder) as convert
+    writes it."""
+    marker = folder / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return False
+    try:
+        written = json.loads(marker.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(written, dict) and str(written.get("converted_by", "")).startswith("sglang_mxfp8 ")
 
 
 def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: ScaleRounding = "ceil",
