@@ -43,6 +43,12 @@ def run_python(code: str, env_extra=None, timeout=240) -> subprocess.CompletedPr
     )
 
 
+def tests_importable() -> dict:
+    """The environment entry that lets a run_python interpreter import conftest, keeping the PYTHONPATH it has (where
+    ci/test.sh puts the newest SGLang)."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO / "tests")) if p)}
+
+
 def ninja_objects(ninja: Path, compiles) -> list:
     """The objects a FlashInfer build.ninja compiles from the sources for which ``compiles(source path)`` is true."""
     rules = [line.removeprefix("build ").split(": cuda_compile ") for line in ninja.read_text().splitlines()

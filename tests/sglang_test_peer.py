@@ -2,24 +2,33 @@
 run on a machine without a GPU against something that answers as SGLang does: /health_generate, /v1/models,
 /generate with input_ids (greedy tokens with their logprobs, input logprobs from logprob_start_len with the top
 token, streamed as server-sent events when asked, as SGLang's bench_serving reads them) and
-/update_weights_from_disk.
+/update_weights_from_disk; with return_routed_experts, the experts each token was routed to in each of LAYERS MoE
+layers (TOP_K each), base64 of int32 as SGLang's routing capture returns them.
 
 Its "model" is arithmetic: the greedy token after ids is (sum(ids) * 31 + SHIFT) % VOCAB, its logprob -1 / (1 + the
-token % 7). SHIFT differs between two peers as MXFP8 does from BF16. A refit takes REFIT_S seconds and holds requests
+token % 7); a token's experts in layer l are (token * 7 + l * 13 + k * 29) % EXPERTS, k < TOP_K, each moved by
+SHIFT for every fourth token id. SHIFT differs between two peers as MXFP8 does from BF16. A refit takes REFIT_S seconds and holds requests
 meanwhile, as SGLang's scheduler does.
 
-    python sglang_test_peer.py PORT [SHIFT [REFIT_S]]
+With a LOG file named, each refit appends the line the plugin logs on where a load's time went (60% reading and
+copying, 40% post-load processing), as an MXFP8 server's log has it.
+
+    python sglang_test_peer.py PORT [SHIFT [REFIT_S [LOG]]]
 """
 
+import base64
 import json
+import struct
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 VOCAB = 1000
+LAYERS, TOP_K, EXPERTS = 2, 2, 128
 SHIFT = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 REFIT_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.2
+LOG = sys.argv[4] if len(sys.argv) > 4 else None
 LOCK = threading.Lock()  # a refit holds it; every forward takes it
 
 
@@ -29,6 +38,13 @@ def next_token(ids):
 
 def logprob(token):
     return -1.0 / (1 + token % 7)
+
+
+def routed(ids):
+    """The routing capture of a forward over ``ids``: [len(ids), LAYERS, TOP_K] int32, base64."""
+    experts = [(t * 7 + layer * 13 + k * 29 + (SHIFT if t % 4 == 0 else 0)) % EXPERTS
+               for t in ids for layer in range(LAYERS) for k in range(TOP_K)]
+    return base64.b64encode(struct.pack(f"<{len(experts)}i", *experts)).decode()
 
 
 def generated(ids, n):
@@ -65,6 +81,8 @@ class Handler(BaseHTTPRequestHandler):
         params = req.get("sampling_params", {})
         out = generated(list(ids), params.get("max_new_tokens", 16))
         meta = {"completion_tokens": len(out), "prompt_tokens": len(ids)}
+        if req.get("return_routed_experts"):
+            meta["routed_experts"] = routed((list(ids) + out)[:-1])  # every token that went through a forward
         if req.get("return_logprob"):
             meta["output_token_logprobs"] = [[logprob(t), t, None] for t in out]
             start = req.get("logprob_start_len", -1)
@@ -83,6 +101,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/update_weights_from_disk":
             with LOCK:
                 time.sleep(REFIT_S)
+            if LOG:
+                with open(LOG, "a") as log:
+                    log.write(f"[x] sglang_mxfp8: load took {REFIT_S:.3f} s: reading and copying the weights "
+                              f"{REFIT_S * 0.6:.3f} s, MXFP8 post-load processing (scale conversion, kernel layouts) "
+                              f"{REFIT_S * 0.4:.3f} s, kernel precompilation 0.000 s\n")
             return self._send({"success": True, "message": f"loaded {req['model_path']}"})
         if self.path != "/generate":
             return self._send({"error": "not found"}, 404)

@@ -114,7 +114,8 @@ def test_every_registry_citation_is_a_committed_row():
 def test_suites_cover_every_routine_and_quick_stays_small():
     from sglang_mxfp8.bench.run import ROUTINES, SUITES
 
-    assert set(SUITES["quick"].routines) == set(SUITES["full"].routines) == set(ROUTINES) == set(rows.ROUTINES)
+    assert set(ROUTINES) == set(rows.ROUTINES)
+    assert set(SUITES["quick"].routines) == set(SUITES["full"].routines) == set(ROUTINES) - {"routing"}
     quick, full = SUITES["quick"], SUITES["full"]
     assert quick.serve.concurrency == (1, 16, 128) and quick.serve.mx_flags == (MISSION_FLAGS,)
     assert quick.tests and full.tests is None and full.layers.sets == ("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")
@@ -170,7 +171,9 @@ class PeerServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log.write_text("[x] sglang_mxfp8: MoE (128 experts, hidden 2048, intermediate 768): 1 token: moe_gemv\n")
         shift = "5" if "mxfp8" in str(ckpt) and "same" not in str(ckpt) else "0"
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/sglang_test_peer.py"), str(port), shift, "0.3"])
+        log = [str(self.log)] if "mxfp8" in str(ckpt) else []
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/sglang_test_peer.py"), str(port), shift, "0.3",
+                                      *log])
 
     def wait(self, timeout=400):
         for _ in range(200):
@@ -194,28 +197,36 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
 
     bf16 = tmp_path / "bf16"
     write_word_tokenizer(bf16, 1000)
-    (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "vocab_size": 1000}))
+    (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "vocab_size": 1000,
+                                                  "num_experts_per_tok": 2}))
     pair = ServedPair(bf16, tmp_path / mx_name, "peer model", tokenizer=False)
     opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8,
                                port=_free_port(), refits=2)
     monkeypatch.setattr(served.Runner, "_server", lambda self, name, ckpt, flags, env: PeerServer(
         name, ckpt, flags, self.opts.port, self.work / "logs"))
     steps = []
-    runner = served.Runner(env(), pair, opts, {"serve", "start", "refit", "accuracy"}, tmp_path / "work", steps.append)
+    runner = served.Runner(env(), pair, opts, {"serve", "start", "refit", "accuracy", "routing"}, tmp_path / "work",
+                           steps.append)
     recorded = []
     sessions = runner.run(recorded.extend)
     assert [s.name for s in sessions] == ["BF16", "MXFP8"] and "serve MXFP8: concurrency 4" in steps
     by = {(r.metric, r.concurrency): r for r in recorded}
     throughput = by[("output throughput", 4)]
-    assert throughput.mxfp8 > 0 and throughput.bf16 > 0 and throughput.flags == MISSION_FLAGS
+    assert throughput.mxfp8 > 0 and throughput.bf16 > 0
+    assert throughput.flags == f"{MISSION_FLAGS} --enable-return-routed-experts"  # what every server ran with
     assert "--dataset-name random-ids" in throughput.extra["load"] and throughput.extra["prompts"] == 8
     assert by[("decode latency, batch 1", 1)].mxfp8 > 0 and by[("first start", None)].bf16 > 0
-    assert 0.25 < by[("refit from disk, page cache warm", None)].mxfp8 < 5
+    warm = by[("refit from disk, page cache warm", None)]
+    assert 0.25 < warm.mxfp8 < 5 and warm.extra["mxfp8_server_split"] == {
+        "load_s": 0.3, "read_copy_s": 0.18, "processing_s": 0.12, "precompile_s": 0.0}
     load = by[("requests failed during a refit", None)].extra
     assert load["failed"] == 0 and load["equal"] == load["requests"] == 32 and load["refit_s"] >= 0.3
     assert by[("identical greedy sequences", None)].mxfp8 == (1.0 if same else 0.0)
     assert by[("top-1 agreement on BF16's tokens", None)].mxfp8 == (1.0 if same else 0.0)
     assert by[("mean |logprob - BF16's| on BF16's tokens", None)].extra["tokens"] == 8 * 32
+    routing = by[("routed experts equal to BF16's, per token and MoE layer", None)]
+    assert routing.extra["token_layers"] == 8 * 24 * 2 and routing.bf16 is None  # 8 prompts of 24 tokens, 2 layers
+    assert routing.mxfp8 == 1.0 if same else 0.5 < routing.mxfp8 < 0.9  # the peer moves every fourth token's experts
     assert sessions[1].plan_lines == ["MoE (128 experts, hidden 2048, intermediate 768): 1 token: moe_gemv"]
 
 

@@ -249,3 +249,25 @@ def test_every_moe_kernel_takes_the_precompile_batch_in_the_order_routed_batch_m
     for kernel in moe:
         params = list(inspect.signature(kernel.experts).parameters)
         assert params == ["layer", "state", "x", "topk_weights", "topk_ids"], (kernel.name, params)
+
+
+def test_every_hopper_moe_flag_we_serve_leaves_sglangs_routing_in_the_form_it_captures():
+    """SGLang's routing capture (--enable-return-routed-experts) records top-k ids where its TopK computes them in the
+    standard form (select_experts); a runner backend that is Triton-kernels, FlashInfer TRT-LLM or FlashInfer MXFP4
+    makes TopK hand the router logits over unrouted instead. No Hopper MoE flag that our kernels serve is one of
+    those, on either SGLang release (the launch keeps the flag as given: test_patches); tests/gpu checks the captured
+    experts against the BF16 server's."""
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend
+
+    from sglang_mxfp8.cli.doctor import KNOWN_GPUS
+    from sglang_mxfp8.flags import MOE_FLAGS
+    from sglang_mxfp8.kernels import registry
+
+    for gpu in ("h100", "h200"):
+        spec = GpuSpec(*KNOWN_GPUS[gpu])
+        ours = [flag for flag in MOE_FLAGS if registry.table("moe", spec).entries(flag)
+                and not registry.native("moe", spec, flag)]
+        assert ours == ["auto", "triton", "flashinfer_cutlass"], ours
+        for flag in ours:
+            backend = MoeRunnerBackend(flag)
+            assert not (backend.is_triton_kernels() or backend.is_flashinfer_trtllm() or backend.is_flashinfer_mxfp4())

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -250,7 +251,12 @@ def test_launch_builds_each_planned_kernels_jit_module_once_in_a_process_of_its_
     monkeypatch.setattr(launch, "_BUILDING", {})
     _failing_build_env(tmp_path, monkeypatch)
     process = launch.start_prebuilds(plans)
-    environ = set(Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0"))  # it is still importing torch
+    environ = set()
+    for _ in range(100):  # read while it imports torch (empty for a moment around its exec)
+        environ = set(Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")) - {b""}
+        if environ or process.poll() is not None:
+            break
+        time.sleep(0.05)
     assert process.args == [sys.executable, "-m", "sglang_mxfp8.kernels.jit_builds", "flashinfer_sm90"]
     assert {b"CUDA_VISIBLE_DEVICES=", b"FLASHINFER_CUDA_ARCH_LIST=9.0",
             f"SGLANG_MXFP8_LAUNCHER={os.getpid()}".encode()} <= environ
@@ -436,6 +442,14 @@ def test_patches_apply_once_and_keep_staticmethods():
 REFIT_RUNNER = """
 import ast, dataclasses, gc, logging, sys, types, torch
 import sglang
+
+class LoadTimes(logging.Handler):  # the line each load logs on where its time went, as bench refit reads it
+    def emit(self, record):
+        if record.getMessage().startswith("sglang_mxfp8: load took"):
+            print("TIME", record.getMessage())
+
+logging.getLogger("sglang_mxfp8").addHandler(LoadTimes())
+logging.getLogger("sglang_mxfp8").setLevel(logging.INFO)
 from sglang.srt.model_loader.loader import DefaultModelLoader, get_model_loader
 from sglang.srt.model_loader.utils import set_default_torch_dtype
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
@@ -554,8 +568,15 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     p = subprocess.run([sys.executable, "-c", REFIT_RUNNER, str(tmp_path), json.dumps(QWEN3_MOE_CONFIG)], capture_output=True, text=True,
                        timeout=240, cwd="/")
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = p.stdout.splitlines()
+    lines = [line for line in p.stdout.splitlines() if not line.startswith("TIME ")]
     assert lines[0].startswith("A True A |") and lines[1].startswith("B True B |")
+    from sglang_mxfp8.bench.served import load_times
+
+    times = [load_times(line) for line in p.stdout.splitlines() if line.startswith("TIME ")]
+    assert len(times) >= 3  # A, B, A again (and the rollbacks)
+    for t in times:
+        assert t["processing_s"] > 0 and t["precompile_s"] == 0  # CPU tensors: nothing to compile
+        assert abs(t["load_s"] - t["read_copy_s"] - t["processing_s"]) < 0.002
     assert lines[2].startswith("nan_weight False B | Failed to update weights: layer: weight row 3 holds NaN")
     assert lines[2].endswith(f"Rolled back to {tmp_path / 'B'}.")
     assert lines[3].startswith("missing_scale False B | Failed to update weights: layer.weight: the checkpoint "
@@ -634,3 +655,18 @@ def test_a_probe_takes_the_first_location_that_has_what_the_patch_needs(monkeypa
     assert compat.sglang_object("probe_under_test", has="encode") is json.JSONEncoder
     with pytest.raises(ImportError, match="found none of json:JSONDecoder, json.gone:Nothing, json:JSONEncoder with dump"):
         compat.sglang_object("probe_under_test", has="dump")
+
+
+@pytest.mark.parametrize("first", ["sglang_mxfp8.sglang.quant_methods", "sglang.srt.layers.linear",
+                                   "sglang.srt.layers.quantization.fp8", "sglang_mxfp8.sglang.weights"])
+def test_the_quantization_patches_apply_whatever_is_imported_first(first):
+    """quant_methods imports SGLang's quantization package, whose import applies the patches that hand SGLang
+    quant_methods' classes: imported first, they wait for it instead of failing on a half-imported module."""
+    p = run_python(f"import {first}\n"
+                   "import sglang.srt.layers.quantization as q, sglang.srt.layers.quantization.fp8 as fp8\n"
+                   "from sglang_mxfp8.sglang import patching, quant_methods as qm\n"
+                   "print(patching.MISSING, sorted(a for a in patching.APPLIED if a.startswith('quantization.')),"
+                   " q.QUANTIZATION_METHODS['mxfp8'] is qm.Mxfp8Config,"
+                   " fp8.dispatch_w8a8_mxfp8_linear.__wrapped__ is qm.dispatch_w8a8_mxfp8_linear)")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines()[-1] == "{} ['quantization.dense_dispatch', 'quantization.mxfp8_config'] True True"

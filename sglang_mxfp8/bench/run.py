@@ -12,15 +12,19 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..flags import MISSION_FLAGS
 from .layers import LayerOptions
-from .served import ServeOptions, bench_serving_argv
+from .served import ROUTING_FLAG, ServeOptions, bench_serving_argv
 
-ROUTINES = ("serve", "start", "refit", "accuracy", "layers", "tests")
-SERVED = ("serve", "start", "refit", "accuracy")
+ROUTINES = ("serve", "start", "refit", "accuracy", "routing", "layers", "tests")
+SERVED = ("serve", "start", "refit", "accuracy", "routing")
+# routing launches every server with SGLang's routing capture on, which the other routines must not measure under:
+# it runs only when named
+SUITE_ROUTINES = tuple(r for r in ROUTINES if r != "routing")
 REPO = Path(__file__).resolve().parents[2]  # a clone of the repository: tests/gpu and benchmarks/ beside the package
-# a few minutes of the GPU tests: a dense and a MoE kernel of each Hopper family against float32, CUDA-graph replay
+# a few minutes of the GPU tests: a dense and a MoE kernel of each Hopper family against float32, CUDA-graph replay,
+# BF16 weights sent to the GPU equal to what convert writes
 SMOKE_TESTS = ("test_backend_matches_reference or test_moe_gemv_matches_reference or "
                "test_cutlass_grouped_moe_matches_reference or test_triton_bias_and_cuda_graph_replay or "
-               "test_flashinfer_moe or test_masked")
+               "test_flashinfer_moe or test_masked or test_bf16_weights_sent_to_a_gpu_layer")
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,8 @@ class Suite:
 SUITES = {
     # under 10 minutes on one H100 / H200 with the 16-layer model's checkpoints already written (about 2 more to write
     # them): each server started once on empty caches, the mission's flags against BF16
-    "quick": Suite(ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 16, SMOKE_TESTS),
-    "full": Suite(ROUTINES, LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
+    "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 16, SMOKE_TESTS),
+    "full": Suite(SUITE_ROUTINES, LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
                   ServeOptions(prompts={1: 16, 16: 128, 128: 512}, mx_flags=(MISSION_FLAGS,
                                                                              "--fp8-gemm-backend auto --moe-runner-backend auto"),
                                restart=True, cold_refit=True, gsm8k_questions=1319), 16, None),
@@ -88,6 +92,8 @@ def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions
     if "serve" in routines:
         per += 12 + sum(8 + -(-serve.prompts.get(c, 2 * c) // c) * (serve.output_len * 0.012 + 0.004 * c)
                         for c in serve.concurrency)
+    if "routing" in routines:
+        per += 5
     if "refit" in routines:
         per += serve.refits * (2 + 0.6 * layers) + 20
     if "start" in routines and serve.restart:
@@ -180,6 +186,9 @@ def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progre
             lines += [f"  load at concurrency {c}: python -m " + shlex.join(bench_serving_argv(
                 suite.serve.port, Path("BF16_CKPT"), c, suite.serve.prompts.get(c, 2 * c), suite.serve.input_len,
                 suite.serve.output_len, Path("OUT.jsonl"))[2:]) for c in suite.serve.concurrency]
+        if "routing" in served:
+            lines.append(f"  routing: every server launched with {ROUTING_FLAG}; the experts captured on 8 prompts, "
+                         "MXFP8's against BF16's")
         if "refit" in served:
             lines.append(f"  refit: /update_weights_from_disk x{suite.serve.refits}"
                          + (", then with the page cache dropped" if suite.serve.cold_refit else "")

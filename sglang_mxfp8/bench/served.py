@@ -10,8 +10,11 @@ then, where asked, a restart on the caches that start left. Rows pair each MXFP8
 
 from __future__ import annotations
 
+import array
+import base64
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -32,6 +35,7 @@ from .rows import Environment, Row, measurement
 # the compile caches a server fills, each pointed at a folder of the run's own
 CACHE_VARS = {"FLASHINFER_WORKSPACE_BASE": "flashinfer", "TRTLLM_DG_CACHE_DIR": "trtllm_deep_gemm",
               "DG_JIT_CACHE_DIR": "deep_gemm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+ROUTING_FLAG = "--enable-return-routed-experts"  # SGLang's routing capture, on every server of a routing run
 ACCURACY_PROMPTS = [[17 + 97 * i + j * (31 + i) for j in range(24)] for i in range(8)]  # fixed token ids, 24 each
 
 
@@ -68,7 +72,11 @@ class Session:
     cold_refit_s: Optional[float] = None
     under_load: Optional[dict] = None
     gsm8k: Optional[float] = None
+    routed: Optional[list] = None  # routed experts on ACCURACY_PROMPTS
+    routing: Optional[dict] = None  # routed experts against BF16's
     plan_lines: List[str] = field(default_factory=list)
+    log: Optional[Path] = None  # the server's log
+    refit_split: Optional[dict] = None  # where the last warm refit's time went, from the log (MXFP8 only)
 
 
 def cache_env(root: Path, fresh: bool) -> Dict[str, str]:
@@ -146,6 +154,37 @@ def teacher_forced(port: int, reference: list) -> dict:
     return {"agreement": agree / total, "mean_abs_logprob_diff": statistics.fmean(diffs), "tokens": total}
 
 
+def experts_per_token(ckpt: Path) -> int:
+    """The checkpoint's top-k (num_experts_per_tok, of its text config where it has one)."""
+    config = json.loads((ckpt / "config.json").read_text())
+    top_k = (config.get("text_config") or config).get("num_experts_per_tok")
+    if not top_k:
+        raise RuntimeError(f"{ckpt}/config.json has no num_experts_per_tok: routing needs a MoE model")
+    return int(top_k)
+
+
+def routed_experts(port: int, top_k: int) -> list:
+    """What SGLang's routing capture returns for each of ACCURACY_PROMPTS (one token generated): per prompt, the
+    sorted experts of each (token, MoE layer), in the capture's order."""
+    out = []
+    for item in generate(port, ACCURACY_PROMPTS, 1, return_routed_experts=True):
+        data = item["meta_info"].get("routed_experts")
+        if not data:
+            raise RuntimeError(f"the server returned no routed experts (is it launched with {ROUTING_FLAG}?)")
+        ids = array.array("i", base64.b64decode(data))  # int32, as SGLang encodes them
+        out.append([tuple(sorted(ids[i:i + top_k])) for i in range(0, len(ids), top_k)])
+    return out
+
+
+def same_routing(mine: list, reference: list) -> dict:
+    """How often MXFP8's captured experts of a (token, layer) are BF16's (a near tie of router scores may differ)."""
+    pairs = [(a, b) for m, r in zip(mine, reference) for a, b in zip(m, r)]
+    if not pairs or any(len(m) != len(r) for m, r in zip(mine, reference)):
+        raise RuntimeError("MXFP8's and BF16's routing captures differ in length: "
+                           f"{[len(m) for m in mine]} against {[len(r) for r in reference]}")
+    return {"equal": sum(a == b for a, b in pairs) / len(pairs), "token_layers": len(pairs), "prompts": len(reference)}
+
+
 def identical_sequences(outputs: list, reference: list) -> float:
     return sum(a["ids"] == b["ids"] for a, b in zip(outputs, reference)) / len(reference)
 
@@ -204,6 +243,25 @@ def refit_under_load(port: int, ckpt: Path, requests_n: int = 32, new_tokens: in
     return {"requests": requests_n, "failed": failed, "equal": equal, "refit_s": refit.get("seconds")}
 
 
+_LOAD_TIME = re.compile(r"sglang_mxfp8: load took ([\d.]+) s: reading and copying the weights ([\d.]+) s, MXFP8 "
+                        r"post-load processing \(scale conversion, kernel layouts\) ([\d.]+) s, kernel precompilation "
+                        r"([\d.]+) s")
+
+
+def load_times(line: str) -> Optional[dict]:
+    """Where one load's time went, from the line the plugin logs after it (None for another line)."""
+    m = _LOAD_TIME.search(line)
+    if m is None:
+        return None
+    return dict(zip(("load_s", "read_copy_s", "processing_s", "precompile_s"), map(float, m.groups())))
+
+
+def last_load_times(log: Path) -> Optional[dict]:
+    """The newest load's time split from a server log; None where the server logs none (a BF16 model)."""
+    found = [t for t in map(load_times, log.read_text(errors="replace").splitlines()) if t]
+    return found[-1] if found else None
+
+
 def plan_lines(log: Path) -> List[str]:
     """The plugin's plan lines from a server log (what each layer kind runs)."""
     return [line.split("sglang_mxfp8: ", 1)[1].strip() for line in log.read_text(errors="replace").splitlines()
@@ -225,6 +283,8 @@ class Runner:
                       self.opts.port, self.work / "logs", text=True, env=env, base="")
 
     def session(self, name: str, ckpt: Path, flags: str) -> Session:
+        if "routing" in self.routines:
+            flags = f"{flags} {ROUTING_FLAG}".strip()
         s = Session(name, flags)
         # a first start is timed on empty caches of its own; without the start routine they are kept between runs
         folder = (self.work if "start" in self.routines else self.work.parent) / "caches" / name.replace(" ", "_")
@@ -235,8 +295,9 @@ class Runner:
         try:
             server.wait(timeout=self.opts.start_timeout)
             s.start_s = time.time() - server.t0
-            s.plan_lines = plan_lines(server.log)
+            s.log, s.plan_lines = server.log, plan_lines(server.log)
             for routine, run in (("serve", lambda: self._serve(s, name)), ("accuracy", lambda: self._accuracy(s, name)),
+                                 ("routing", lambda: self._routing(s, name)),
                                  ("refit", lambda: self._refit(s, name, ckpt))):
                 if routine not in self.routines:
                     continue
@@ -275,9 +336,16 @@ class Runner:
         if self.bf16 is not None and self.bf16.outputs is not None:
             s.forced = teacher_forced(self.opts.port, self.bf16.outputs)
 
+    def _routing(self, s: Session, name: str) -> None:
+        self.step(f"routing {name}")
+        s.routed = routed_experts(self.opts.port, experts_per_token(self.pair.bf16))
+        if self.bf16 is not None and self.bf16.routed is not None:
+            s.routing = same_routing(s.routed, self.bf16.routed)
+
     def _refit(self, s: Session, name: str, ckpt: Path) -> None:
         self.step(f"refit {name}")
         s.refit_s = [refit_seconds(self.opts.port, ckpt) for _ in range(self.opts.refits)]
+        s.refit_split = last_load_times(s.log) if s.log is not None else None
         if self.opts.cold_refit:
             drop_page_cache(ckpt)
             s.cold_refit_s = refit_seconds(self.opts.port, ckpt)
@@ -327,7 +395,7 @@ class Runner:
                     base["median_ttft_ms"], concurrency=1, extra=extra)
         if mx.refit_s and b.refit_s:
             row("refit", "refit from disk, page cache warm", "s", "lower", statistics.median(mx.refit_s),
-                statistics.median(b.refit_s), extra={"refits": len(mx.refit_s)})
+                statistics.median(b.refit_s), extra={"refits": len(mx.refit_s), "mxfp8_server_split": mx.refit_split})
         row("refit", "refit from disk, page cache dropped", "s", "lower", mx.cold_refit_s, b.cold_refit_s)
         if mx.under_load is not None:
             row("refit", "requests failed during a refit", "requests", "lower", mx.under_load["failed"], None,
@@ -343,6 +411,9 @@ class Runner:
                 mx.forced["mean_abs_logprob_diff"], None, extra=mx.forced)
         row("accuracy", "gsm8k accuracy", "fraction", "higher", mx.gsm8k, b.gsm8k,
             extra={"questions": self.opts.gsm8k_questions})
+        if mx.routing is not None:
+            row("routing", "routed experts equal to BF16's, per token and MoE layer", "fraction", "higher",
+                mx.routing["equal"], None, extra=mx.routing)
         return rows
 
 

@@ -78,7 +78,8 @@ def _bench_parser(sub) -> None:
                                    "under --results-dir. With no ROUTINE, the --suite's. 'report' instead regenerates "
                                    "benchmarks/CURRENT.md and the README's speed paragraph from the rows.")
     b.add_argument("routines", nargs="*", metavar="ROUTINE",
-                   help=f"any of {', '.join(r for r in ROW_ROUTINES)}; or 'report'")
+                   help=f"any of {', '.join(r for r in ROW_ROUTINES)}; or 'report' (routing runs only when named: it "
+                        "launches every server with SGLang's routing capture on)")
     b.add_argument("--suite", choices=("quick", "full"), default="quick",
                    help="quick: a subset of every routine, under 10 minutes on one H100 / H200 once its model is "
                         "written; full: every shape set, every candidate kernel, restarts, gsm8k (default: quick)")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 from types import ModuleType
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 from .. import SUPPORTED_SGLANG
 from .compat import sglang_version
@@ -21,6 +22,8 @@ logger = logging.getLogger("sglang_mxfp8")
 APPLIED: Dict[str, str] = {}  # patch name -> "module.attribute" it replaced
 MISSING: Dict[str, str] = {}  # patch name -> why it could not be applied (its warning line)
 KEPT: Dict[str, str] = {}  # patch name -> why SGLang's own piece is used instead (this SGLang already does it)
+_QUEUED: Dict[str, List[Callable[[], None]]] = {}  # module being imported -> patches waiting for it
+_READY = set()  # modules whose import reached run_queued: what the patches need is defined
 
 
 class PatchTargetMissing(RuntimeError):
@@ -42,6 +45,24 @@ def missing(patch: str, what: str) -> None:
                           f"{SUPPORTED_SGLANG}); MXFP8 checkpoints cannot be served on this SGLang, other models run as "
                           "SGLang ships them")
         logger.warning(MISSING[patch])
+
+
+def after_import_of(module: str, apply: Callable[[], None]) -> bool:
+    """Whether a patch that needs ``module`` can run now. Not while ``module`` is being imported (its own import of
+    SGLang ran the hook that applies the patch): ``apply`` then waits for :func:`run_queued`, which ``module`` calls
+    at its end."""
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    if module in _READY or not getattr(spec, "_initializing", False):
+        return True
+    _QUEUED.setdefault(module, []).append(apply)
+    return False
+
+
+def run_queued(module: str) -> None:
+    """Apply the patches that waited for ``module``'s import to complete."""
+    _READY.add(module)
+    for apply in _QUEUED.pop(module, []):
+        apply()
 
 
 def check_complete() -> None:

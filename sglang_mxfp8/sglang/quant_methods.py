@@ -8,9 +8,11 @@ buffers of each layer's kernel plan (:mod:`sglang_mxfp8.kernels.registry`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
+import time
 import weakref
 from dataclasses import replace
 from typing import Any, Dict, List, Optional
@@ -30,7 +32,7 @@ from ..platform import current_gpu
 from ..settings import current as current_settings
 from .compat import served_args, sglang_object
 from .launch import layer_flags
-from .patching import check_complete
+from .patching import check_complete, run_queued
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -43,13 +45,15 @@ def _check_loads(layer) -> None:
 
 
 class ConversionReport:
-    """What one model load's post-processing converted; the plugin logs it after each load."""
+    """What one model load's post-processing converted and how long it took; the plugin logs it after each load."""
 
     changed = total = layers = 0
+    processing_s = precompile_s = 0.0
 
     @classmethod
     def reset(cls) -> None:
         cls.changed = cls.total = cls.layers = 0
+        cls.processing_s = cls.precompile_s = 0.0
 
     @classmethod
     def add(cls, stats, numel: int) -> None:
@@ -60,12 +64,30 @@ class ConversionReport:
         cls.layers += stats.converted_rows > 0
 
     @classmethod
+    @contextlib.contextmanager
+    def timed(cls, what: str, device: torch.device):
+        """Add the block's time, its GPU work finished, to ``what`` (processing_s or precompile_s)."""
+        start = time.perf_counter()
+        yield
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        setattr(cls, what, getattr(cls, what) + time.perf_counter() - start)
+
+    @classmethod
     def line(cls) -> str:
         frac = cls.changed / cls.total if cls.total else 0.0
         return (
             f"sglang_mxfp8: converted {cls.layers} MXFP8 weights to Hopper block scales in place; "
             f"{cls.changed} of {cls.total} elements changed value ({frac:.2e}, e4m3 subnormal rounding)"
         )
+
+    @classmethod
+    def time_line(cls, load_s: float) -> str:
+        """Where a load's time went (``sglang-mxfp8 bench refit`` reads this line back)."""
+        rest = max(0.0, load_s - cls.processing_s - cls.precompile_s)
+        return (f"sglang_mxfp8: load took {load_s:.3f} s: reading and copying the weights {rest:.3f} s, MXFP8 "
+                f"post-load processing (scale conversion, kernel layouts) {cls.processing_s:.3f} s, kernel "
+                f"precompilation {cls.precompile_s:.3f} s")
 
 
 class Mxfp8Config(Fp8Config):
@@ -163,7 +185,8 @@ def _precompile(plan, layer, state, weight) -> None:
     """Compile at load what the server's batch sizes will run (SGLANG_MXFP8_PRECOMPILE=0 skips it)."""
     max_m = serving_max_tokens()
     if max_m and weight.is_cuda and current_settings().precompile:
-        plan.precompile(layer, state, max_m)
+        with ConversionReport.timed("precompile_s", weight.device):
+            plan.precompile(layer, state, max_m)
 
 
 _LINEAR_LAYERS: List[weakref.ref] = []  # our linear layers, by layer.mxfp8_linear_index
@@ -215,7 +238,8 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
     def process_weights_after_loading(self, layer) -> None:
         _check_loads(layer)
         scale = getattr(layer, self.quant_config.scale_name)
-        stats = self.plan.process_weights_after_loading(layer, layer.mxfp8_state, scale)
+        with ConversionReport.timed("processing_s", layer.weight.device):
+            stats = self.plan.process_weights_after_loading(layer, layer.mxfp8_state, scale)
         ConversionReport.add(stats, layer.weight.numel())
         _precompile(self.plan, layer, layer.mxfp8_state, layer.weight)
 
@@ -257,8 +281,9 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
 
     def process_weights_after_loading(self, layer) -> None:
         _check_loads(layer)
-        stats = self.plan.process_weights_after_loading(layer, layer.mxfp8_state, self._scale(layer, "w13"),
-                                                         self._scale(layer, "w2"))
+        with ConversionReport.timed("processing_s", layer.w13_weight.device):
+            stats = self.plan.process_weights_after_loading(layer, layer.mxfp8_state, self._scale(layer, "w13"),
+                                                             self._scale(layer, "w2"))
         for st, weight in zip(stats, (layer.w13_weight, layer.w2_weight)):
             ConversionReport.add(st, weight.numel())
         _precompile(self.plan, layer, layer.mxfp8_state, layer.w13_weight)
@@ -277,3 +302,6 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
         out = self.plan.apply(layer, layer.mxfp8_state, dispatch_output.hidden_states, dispatch_output,
                               self.moe_runner_config)
         return StandardCombineInput(hidden_states=out) if isinstance(out, torch.Tensor) else out
+
+
+run_queued(__name__)  # the patches this module's own SGLang imports started (patching.after_import_of)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from pathlib import Path
 
 from ...format import checkpoint
@@ -53,9 +54,11 @@ def report_each_load() -> None:
                 tracker = getattr(module, "mxfp8_loads", None)
                 if tracker is not None:
                     tracker.reset()
+            start = time.perf_counter()
             original(model, weights, target_device)
             if ConversionReport.total:
                 logger.info(ConversionReport.line())
+                logger.info(ConversionReport.time_line(time.perf_counter() - start))
             check_storage(model)
 
         return load_weights_and_postprocess

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import functools
 
-from ..patching import APPLIED, replace, target
+from ..patching import APPLIED, after_import_of, replace, target
+
+QUANT_METHODS = "sglang_mxfp8.sglang.quant_methods"  # what both patches hand SGLang; it imports SGLang itself
 
 
 def register_config() -> None:
+    if not after_import_of(QUANT_METHODS, register_config):
+        return
     from sglang.srt.layers import quantization
 
     from ..quant_methods import Mxfp8Config
@@ -20,6 +24,8 @@ def register_config() -> None:
 
 
 def route_dense_dispatch() -> None:
+    if not after_import_of(QUANT_METHODS, route_dense_dispatch):
+        return
     from sglang.srt.layers.quantization import fp8, fp8_utils
 
     from .. import quant_methods
