@@ -99,6 +99,19 @@ def set_server_args(**overrides):
     return args
 
 
+def init_fp8_gemm_config(args) -> None:
+    """SGLang's FP8 GEMM backend global, from ``args`` (SGLang >= 0.5.20 takes no argument: it reads the server args
+    :func:`set_server_args` published)."""
+    import inspect
+
+    from sglang.srt.layers.quantization import fp8_utils
+
+    if inspect.signature(fp8_utils.initialize_fp8_gemm_config).parameters:
+        fp8_utils.initialize_fp8_gemm_config(args)
+    else:
+        fp8_utils.initialize_fp8_gemm_config()
+
+
 def mxfp8_linear(prefix: str, w, s):
     """A real MXFP8 linear layer as SGLang builds one: our linear method's create_weights on w's device (the backend
     that the process's --fp8-gemm-backend and GPU choose), w [N, K] e4m3 and its MXFP8 scales s copied in as the
@@ -112,6 +125,7 @@ def mxfp8_linear(prefix: str, w, s):
                                       "weight_block_size": [1, 32]})
     n, k = w.shape
     layer = torch.nn.Module()
+    layer.tp_group = None  # one rank: what SGLang's linear layers hold (0.5.23's block-shape check reads it)
     layer.quant_method = qm.Mxfp8LinearMethod(cfg, prefix)
     with torch.device(w.device):
         layer.quant_method.create_weights(layer, k, [n], k, n, torch.bfloat16, weight_loader=default_weight_loader)

@@ -12,7 +12,6 @@ CODE = r"""
 import torch
 import sglang.srt.layers.quantization.fp8 as fp8
 import sys
-from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
 from sglang_mxfp8.cli.doctor import KNOWN_GPUS
 from sglang_mxfp8.format.numerics import quantize_mxfp8
 from sglang_mxfp8.platform import GpuSpec
@@ -22,7 +21,7 @@ import conftest
 flags = sys.modules[compat.sglang_object("piecewise_graph_flag").__module__]  # where this SGLang keeps it
 enable_piecewise_cuda_graph = getattr(flags, "enable_piecewise_cuda_graph", None) or flags.enable_tc_piecewise_cuda_graph
 
-initialize_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))
+conftest.init_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))
 quant_methods.current_gpu = lambda: GpuSpec(*KNOWN_GPUS["h200"])  # the kernel choice an H200 gets
 fp8.get_tensor_model_parallel_world_size = lambda: 1  # no process group on this machine: one GPU's sizes
 torch.manual_seed(0)

@@ -371,7 +371,6 @@ STORAGE = r"""
 import logging, sys
 import torch
 import conftest
-from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
 import sglang.srt.layers.quantization.fp8 as fp8
 from sglang_mxfp8.cli.doctor import KNOWN_GPUS
 from sglang_mxfp8.format.numerics import quantize_mxfp8
@@ -379,7 +378,7 @@ from sglang_mxfp8.platform import GpuSpec
 from sglang_mxfp8.sglang import quant_methods, weights
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="LOG %(levelname)s %(message)s")
-initialize_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))
+conftest.init_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))
 quant_methods.current_gpu = lambda: GpuSpec(*KNOWN_GPUS["h200"])
 fp8.get_tensor_model_parallel_world_size = lambda: 1
 model = torch.nn.Module()
