@@ -7,8 +7,8 @@ layers (TOP_K each), base64 of int32 as SGLang's routing capture returns them.
 
 Its "model" is arithmetic: the greedy token after ids is (sum(ids) * 31 + SHIFT) % VOCAB, its logprob -1 / (1 + the
 token % 7); a token's experts in layer l are (token * 7 + l * 13 + k * 29) % EXPERTS, k < TOP_K, each moved by
-SHIFT for every fourth token id. SHIFT differs between two peers as MXFP8 does from BF16. A refit takes REFIT_S seconds and holds requests
-meanwhile, as SGLang's scheduler does.
+SHIFT for every fourth token id. SHIFT differs between two peers as MXFP8 does from BF16. A token takes TOKEN_S
+seconds; a refit takes REFIT_S seconds and holds requests meanwhile, as SGLang's scheduler does.
 
 With a LOG file named, each refit appends the line the plugin logs on where a load's time went (60% reading and
 copying, 40% post-load processing), as an MXFP8 server's log has it.
@@ -30,6 +30,7 @@ SHIFT = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 REFIT_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.2
 LOG = sys.argv[4] if len(sys.argv) > 4 else None
 LOCK = threading.Lock()  # a refit holds it; every forward takes it
+TOKEN_S = 0.004  # a decode step's time, so that requests are still decoding when a refit arrives
 
 
 def next_token(ids):
@@ -53,6 +54,7 @@ def generated(ids, n):
         with LOCK:
             token = next_token(ids + out)
         out.append(token)
+        time.sleep(TOKEN_S)
     return out
 
 

@@ -122,6 +122,23 @@ def test_suites_cover_every_routine_and_quick_stays_small():
     assert not quick.serve.restart and full.serve.restart and full.serve.gsm8k_questions == 1319
 
 
+def test_the_smoke_subset_names_gpu_tests_that_exist_in_every_gpu_test_file():
+    """Each term of the quick suite's -k expression selects a test of tests/gpu, and every GPU test file has one
+    selected: a renamed test or file must not drop out of the smoke subset unnoticed."""
+    import ast
+
+    from sglang_mxfp8.bench.run import SMOKE_TESTS
+
+    tests = {f.name: [n.name for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.FunctionDef)
+                      and n.name.startswith("test_")] for f in sorted((ROOT / "tests" / "gpu").glob("test_*.py"))}
+    terms = SMOKE_TESTS.split(" or ")
+    assert len(tests) >= 3 and len(terms) >= 5
+    for term in terms:
+        assert any(term in name for names in tests.values() for name in names), f"{term!r} selects no GPU test"
+    for file, names in tests.items():
+        assert any(term in name for term in terms for name in names), f"the smoke subset runs nothing of {file}"
+
+
 def _cli(*args, timeout=120):
     code = ("import sys, time; t = time.perf_counter(); from sglang_mxfp8.cli import main; rc = main(sys.argv[1:]); "
             "print('RC', rc, 'TORCH', 'torch' in sys.modules, 'SGLANG', 'sglang' in sys.modules, flush=True)")
@@ -198,7 +215,7 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     bf16 = tmp_path / "bf16"
     write_word_tokenizer(bf16, 1000)
     (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "vocab_size": 1000,
-                                                  "num_experts_per_tok": 2}))
+                                                  "num_experts_per_tok": 2, "num_hidden_layers": 2}))
     pair = ServedPair(bf16, tmp_path / mx_name, "peer model", tokenizer=False)
     opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8,
                                port=_free_port(), refits=2)
@@ -220,13 +237,16 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     assert 0.25 < warm.mxfp8 < 5 and warm.extra["mxfp8_server_split"] == {
         "load_s": 0.3, "read_copy_s": 0.18, "processing_s": 0.12, "precompile_s": 0.0}
     load = by[("requests failed during a refit", None)].extra
-    assert load["failed"] == 0 and load["equal"] == load["requests"] == 32 and load["refit_s"] >= 0.3
+    assert load["failed"] == 0 and load["equal"] == load["equal_without_refit"] == load["requests"] == 32
+    assert load["refit_s"] >= 0.3 and 0 < load["in_flight_at_refit"] <= 32
     assert by[("identical greedy sequences", None)].mxfp8 == (1.0 if same else 0.0)
     assert by[("top-1 agreement on BF16's tokens", None)].mxfp8 == (1.0 if same else 0.0)
     assert by[("mean |logprob - BF16's| on BF16's tokens", None)].extra["tokens"] == 8 * 32
     routing = by[("routed experts equal to BF16's, per token and MoE layer", None)]
     assert routing.extra["token_layers"] == 8 * 24 * 2 and routing.bf16 is None  # 8 prompts of 24 tokens, 2 layers
     assert routing.mxfp8 == 1.0 if same else 0.5 < routing.mxfp8 < 0.9  # the peer moves every fourth token's experts
+    assert routing.extra["equal_by_layer"] == [routing.mxfp8] * 2  # the peer moves them in every layer alike
+    assert routing.extra["overlap"] == 1.0 if same else routing.mxfp8 <= routing.extra["overlap"] < 1.0
     assert sessions[1].plan_lines == ["MoE (128 experts, hidden 2048, intermediate 768): 1 token: moe_gemv"]
 
 

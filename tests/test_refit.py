@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from sglang_mxfp8.format.numerics import dequantize_block_fp8, dequantize_mxfp8, quantize_mxfp8
+from sglang_mxfp8.format import refit
+from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, dequantize_mxfp8, quantize_mxfp8
 from sglang_mxfp8.format.refit import BlockScaleConverter, PartialReloadError
 
 
@@ -48,6 +49,39 @@ def test_load_twice_refit_and_switch(br):
     assert torch.equal(w.view(torch.uint8), fresh_w.view(torch.uint8))
     assert torch.equal(conv.block_scale, fresh.block_scale)
     assert (w.data_ptr(), conv.block_scale.data_ptr()) == ptrs
+
+
+def _reference(q, s, br):
+    """Each group converted from scratch by the numerics' own function: (bytes, block scales, changed elements)."""
+    q = q.clone()
+    out = [convert_to_block_scales(q[g], s[g], br) for g in range(q.shape[0])]
+    return q.view(torch.uint8), torch.stack([scales for scales, _ in out]), sum(changed for _, changed in out)
+
+
+@pytest.mark.parametrize("br", [1, 128])
+@pytest.mark.parametrize("groups,rows,k,chunk", [(3, 384, 320, 1 << 24), (3, 384, 320, 128 * 128),
+                                                 (1, 200, 256, 1 << 24), (1, 200, 256, 64 * 256), (2, 200, 96, 1 << 24)])
+def test_whole_and_block_by_block_conversions_write_what_the_numerics_do(monkeypatch, br, groups, rows, k, chunk):
+    """A whole load (one matrix in steps, steps across group borders) and a partial reload (group by group) give the
+    bytes, scales and change count of each group converted from scratch; zero blocks and subnormal results included."""
+    monkeypatch.setattr(refit, "_CONVERT_CHUNK_ELEMENTS", chunk)
+    qa, sa = _ckpt(11, groups, rows, k)
+    qb, sb = _ckpt(12, groups, rows, k)
+    qa.view(torch.uint8)[0, :3] = 0  # all-zero rows: zero sub-blocks, a zero block where br is 1
+    sa[:, :, 1] += 6  # a sub-block far above its neighbours: theirs shift into e4m3's subnormals
+    w, s = qa.clone(), sa.clone()
+    conv = BlockScaleConverter(groups, rows, k, br, "cpu", "layers.0.mlp.experts.w13")
+    stats = conv.refresh(w, s)
+    ref_bytes, ref_scales, ref_changed = _reference(qa, sa, br)
+    assert torch.equal(w.view(torch.uint8), ref_bytes) and torch.equal(conv.block_scale, ref_scales)
+    assert stats.converted_rows == groups * rows and stats.changed_elements == ref_changed > 0
+
+    w[-1].copy_(qb[-1]), s[-1].copy_(sb[-1])  # the last group reloaded: converted block by block
+    stats = conv.refresh(w, s)
+    mixed_q, mixed_s = torch.cat([qa[:-1], qb[-1:]]), torch.cat([sa[:-1], sb[-1:]])
+    ref_bytes, ref_scales, _ = _reference(mixed_q, mixed_s, br)
+    assert stats.converted_rows == rows
+    assert torch.equal(w.view(torch.uint8), ref_bytes) and torch.equal(conv.block_scale, ref_scales)
 
 
 def test_partial_reload_of_whole_groups_is_handled():

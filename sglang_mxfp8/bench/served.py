@@ -163,6 +163,15 @@ def experts_per_token(ckpt: Path) -> int:
     return int(top_k)
 
 
+def routed_layers(ckpt: Path) -> Optional[int]:
+    """Layers per token in a routing capture: the checkpoint's hidden layers where each is a MoE layer, else None."""
+    config = json.loads((ckpt / "config.json").read_text())
+    config = config.get("text_config") or config
+    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1 or config.get("first_k_dense_replace"):
+        return None
+    return config.get("num_hidden_layers")
+
+
 def routed_experts(port: int, top_k: int) -> list:
     """What SGLang's routing capture returns for each of ACCURACY_PROMPTS (one token generated): per prompt, the
     sorted experts of each (token, MoE layer), in the capture's order."""
@@ -176,13 +185,22 @@ def routed_experts(port: int, top_k: int) -> list:
     return out
 
 
-def same_routing(mine: list, reference: list) -> dict:
-    """How often MXFP8's captured experts of a (token, layer) are BF16's (a near tie of router scores may differ)."""
+def same_routing(mine: list, reference: list, layers: Optional[int] = None) -> dict:
+    """How often MXFP8's captured experts of a (token, layer) are BF16's (a near tie of router scores may differ), the
+    mean share of each top-k set they have in common, and with the capture's ``layers`` (tokens x layers per prompt)
+    the equal share per layer: the first layer sees only the attention's quantization, later ones every earlier
+    layer's difference too."""
     pairs = [(a, b) for m, r in zip(mine, reference) for a, b in zip(m, r)]
     if not pairs or any(len(m) != len(r) for m, r in zip(mine, reference)):
         raise RuntimeError("MXFP8's and BF16's routing captures differ in length: "
                            f"{[len(m) for m in mine]} against {[len(r) for r in reference]}")
-    return {"equal": sum(a == b for a, b in pairs) / len(pairs), "token_layers": len(pairs), "prompts": len(reference)}
+    out = {"equal": sum(a == b for a, b in pairs) / len(pairs), "token_layers": len(pairs), "prompts": len(reference),
+           "overlap": sum(len(set(a) & set(b)) / len(b) for a, b in pairs) / len(pairs)}
+    if layers and all(len(r) % layers == 0 for r in reference):
+        by_layer = [[a == b for m, r in zip(mine, reference) for a, b in zip(m[li::layers], r[li::layers])]
+                    for li in range(layers)]
+        out["equal_by_layer"] = [round(sum(x) / len(x), 4) for x in by_layer]
+    return out
 
 
 def identical_sequences(outputs: list, reference: list) -> float:
@@ -210,13 +228,17 @@ def refit_seconds(port: int, ckpt: Path) -> float:
     return seconds
 
 
-def refit_under_load(port: int, ckpt: Path, requests_n: int = 32, new_tokens: int = 64) -> dict:
-    """``requests_n`` greedy requests sent at once, twice: alone, then with ``/update_weights_from_disk`` of the same
-    checkpoint issued while they decode. None may fail, and each must equal its output without the refit."""
+def refit_under_load(port: int, ckpt: Path, requests_n: int = 32, new_tokens: int = 128,
+                     refit_after_s: float = 0.2) -> dict:
+    """``requests_n`` greedy requests sent at once, three times: alone, alone again (the control: how many outputs a
+    second identical run reproduces, batch composition differing between runs), then with ``/update_weights_from_disk``
+    of the same checkpoint sent ``refit_after_s`` after them. None may fail; each should equal its output without the
+    refit as often as the control does. How many were still decoding when the refit was sent is counted."""
     prompts = [[11 + 7 * i + 3 * j for j in range(64)] for i in range(requests_n)]
 
-    def run_all(during: Optional[Callable[[], None]] = None) -> list:
+    def run_all(during: Optional[Callable[[], None]] = None) -> Tuple[list, list]:
         results: list = [None] * requests_n
+        ended = [float("inf")] * requests_n
 
         def one(i):
             try:
@@ -224,23 +246,33 @@ def refit_under_load(port: int, ckpt: Path, requests_n: int = 32, new_tokens: in
                 results[i] = item.get("output_ids", item.get("text"))
             except (requests.RequestException, KeyError, ValueError) as e:
                 results[i] = e
+            ended[i] = time.monotonic()
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(requests_n)]
         for t in threads:
             t.start()
         if during is not None:
-            time.sleep(0.5)
+            time.sleep(refit_after_s)
             during()
         for t in threads:
             t.join()
-        return results
+        return results, ended
 
-    alone = run_all()
+    def same(a, b):
+        return sum(not isinstance(x, Exception) and x == y for x, y in zip(a, b))
+
+    alone, _ = run_all()
+    again, _ = run_all()
     refit: dict = {}
-    loaded = run_all(lambda: refit.update(seconds=refit_seconds(port, ckpt)))
-    failed = sum(isinstance(r, Exception) for r in loaded)
-    equal = sum(not isinstance(a, Exception) and a == b for a, b in zip(alone, loaded))
-    return {"requests": requests_n, "failed": failed, "equal": equal, "refit_s": refit.get("seconds")}
+
+    def do_refit():
+        refit["sent"] = time.monotonic()
+        refit["seconds"] = refit_seconds(port, ckpt)
+
+    loaded, ended = run_all(do_refit)
+    return {"requests": requests_n, "new_tokens": new_tokens, "failed": sum(isinstance(r, Exception) for r in loaded),
+            "equal": same(alone, loaded), "equal_without_refit": same(alone, again),
+            "in_flight_at_refit": sum(t > refit["sent"] for t in ended), "refit_s": refit.get("seconds")}
 
 
 _LOAD_TIME = re.compile(r"sglang_mxfp8: load took ([\d.]+) s: reading and copying the weights ([\d.]+) s, MXFP8 "
@@ -340,7 +372,7 @@ class Runner:
         self.step(f"routing {name}")
         s.routed = routed_experts(self.opts.port, experts_per_token(self.pair.bf16))
         if self.bf16 is not None and self.bf16.routed is not None:
-            s.routing = same_routing(s.routed, self.bf16.routed)
+            s.routing = same_routing(s.routed, self.bf16.routed, routed_layers(self.pair.bf16))
 
     def _refit(self, s: Session, name: str, ckpt: Path) -> None:
         self.step(f"refit {name}")

@@ -143,13 +143,19 @@ def shift_to_block_exponents(q: torch.Tensor, scale: torch.Tensor, exps: torch.T
     Each element moves by ``s_i - E <= 0`` binary places: exact except where it lands in e4m3's
     subnormal range. Returns how many elements changed value.
     """
+    return int(count_shifted(q, scale, exps, block_rows))
+
+
+def count_shifted(q: torch.Tensor, scale: torch.Tensor, exps: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """:func:`shift_to_block_exponents` with the count left on ``q``'s device (int64, 0-d): no host sync, so that
+    a caller converting a weight in chunks waits once."""
     r, k = q.shape
     sub = scale.to(torch.int32) - E8M0_BIAS
     tgt = exps.repeat_interleave(block_rows, dim=0)[:r].repeat_interleave(4, dim=1)[:, : k // MX_BLOCK]
     shift = (sub - tgt).clamp(max=0).repeat_interleave(MX_BLOCK, dim=1).float()
     old = q.float()
     new = torch.ldexp(old, shift).to(FP8)
-    changed = int((torch.ldexp(new.float(), -shift) != old).sum())
+    changed = (torch.ldexp(new.float(), -shift) != old).sum()
     q.copy_(new)
     return changed
 

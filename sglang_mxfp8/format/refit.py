@@ -24,9 +24,11 @@ from typing import Callable, Dict
 
 import torch
 
-from .numerics import MX_BLOCK, ScaleRounding, block_exponents, exponents_to_scales, quantize_mxfp8, shift_to_block_exponents
+from .numerics import (MX_BLOCK, ScaleRounding, block_exponents, count_shifted, exponents_to_scales, quantize_mxfp8,
+                       shift_to_block_exponents)
 
 _SIG_CHUNK_BYTES = 1 << 24
+_CONVERT_CHUNK_ELEMENTS = 1 << 24  # a whole-weight conversion's step: ~0.4 GB of float32 temporaries at most
 
 
 class PartialReloadError(RuntimeError):
@@ -253,6 +255,37 @@ class BlockScaleConverter:
                 f"{br}x128 scale block; reload the whole layer (or every row of that block)"
             )
 
+        if (pad == 0 or self.groups == 1) and bool(todo_blocks.all()):
+            changed = self._convert_whole(w, s)
+        else:
+            changed = self._convert_blocks(weight, scale, todo_blocks)
+        converted = todo_blocks.repeat_interleave(br, dim=1)[:, : self.rows].reshape(-1)
+        self._sig_loaded[converted] = cur[converted]
+        self._sig_scale[converted] = cur_scale[converted]
+        self.block_scale.copy_(exponents_to_scales(self._exps))
+        _row_fingerprints(w, cur)
+        self._sig_converted[converted] = cur[converted]
+        self._ever = True
+        return ConversionStats(int(converted.sum()), changed)
+
+    def _convert_whole(self, w: torch.Tensor, s: torch.Tensor) -> int:
+        """Every block reloaded (a whole refit), row blocks aligned with the groups: ``w [G * R, K]`` converted as one
+        matrix, in steps of whole row blocks, each step's rows a view written in place; one host sync at the end."""
+        br = self.block_rows
+        exps = self._exps.view(-1, self._exps.shape[-1])
+        step = max(1, _CONVERT_CHUNK_ELEMENTS // (br * self.k)) * br
+        changed = torch.zeros((), dtype=torch.int64, device=w.device)
+        for r0 in range(0, w.shape[0], step):
+            q, sc = w[r0:r0 + step], s[r0:r0 + step]
+            e = block_exponents(q, sc, br)
+            changed += count_shifted(q, sc, e, br)
+            exps[r0 // br:r0 // br + e.shape[0]] = e
+        return int(changed)
+
+    def _convert_blocks(self, weight: torch.Tensor, scale: torch.Tensor, todo_blocks: torch.Tensor) -> int:
+        """The blocks ``todo_blocks [G, ceil(R / block_rows)]`` marks, group by group (a partial reload, or rows that
+        do not fill their last block)."""
+        br = self.block_rows
         changed = 0
         # rows are gathered and written back as bytes: torch before 2.10 has no boolean-mask indexing of e4m3 on CPU
         wg = weight.view(self.groups, self.rows, self.k).view(torch.uint8)
@@ -272,11 +305,4 @@ class BlockScaleConverter:
                 changed += shift_to_block_exponents(q, sc, exps, br)
                 wg[g, r0:r1][rows_mask] = q.view(torch.uint8)
                 self._exps[g, b0:b1][todo] = exps
-        converted = todo_blocks.repeat_interleave(br, dim=1)[:, : self.rows].reshape(-1)
-        self._sig_loaded[converted] = cur[converted]
-        self._sig_scale[converted] = cur_scale[converted]
-        self.block_scale.copy_(exponents_to_scales(self._exps))
-        _row_fingerprints(w, cur)
-        self._sig_converted[converted] = cur[converted]
-        self._ever = True
-        return ConversionStats(int(converted.sum()), changed)
+        return changed

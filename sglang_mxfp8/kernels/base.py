@@ -89,6 +89,8 @@ class LayerState:
     """A layer's derived tensors and kernel objects (scales in kernel layouts, converters, scratch), allocated once.
     The storage check after each load walks it: :meth:`tensors`."""
 
+    up_first = False  # w13 holds [up; gate] rows (FlashInfer's fused MoE layout) rather than SGLang's [gate; up]
+
     def tensors(self) -> Iterator[Tuple[str, torch.Tensor]]:
         for name, value in vars(self).items():
             if isinstance(value, torch.Tensor):

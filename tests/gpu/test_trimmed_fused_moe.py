@@ -71,7 +71,8 @@ def _assert_as_accurate_as_host_w8a8(out, layer, x, tw, ids):
 
 def test_the_flag_plans_the_trimmed_module_and_it_builds():
     plan = _plan(128, 2048, 768)
-    assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"}
+    # the base is FlashInfer's fused MoE; band kernels take the batches where they measured faster (test_moe_plans)
+    assert plan.base.name == "flashinfer_cutlass_moe_sm90" and "flashinfer_cutlass_moe_sm90" in plan.bands().values()
     so = fused_moe.build()
     assert so.exists() and so.stat().st_size > 1 << 20
 
