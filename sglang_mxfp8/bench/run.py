@@ -38,8 +38,8 @@ class Suite:
 
 
 SUITES = {
-    # under 10 minutes on one H100 / H200 with the 16-layer model's checkpoints already written (about 2 more to write
-    # them): each server started once on empty caches, the mission's flags against BF16
+    # about 12 minutes on one H100 / H200, most of it the two servers' first starts on empty caches (2-3.5 minutes
+    # each for the 16-layer model on an H100): each server started once, the mission's flags against BF16
     "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 16, SMOKE_TESTS),
     "full": Suite(SUITE_ROUTINES, LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
                   ServeOptions(prompts={1: 16, 16: 128, 128: 512}, mx_flags=(MISSION_FLAGS,
@@ -89,7 +89,7 @@ def _clock(seconds: float) -> str:
 
 def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions: int, cached_model: bool) -> float:
     serve = suite.serve
-    per = 50 + 4.5 * layers  # a first start at this depth
+    per = 60 + 5.5 * layers  # a first start on empty caches (H100, 16 layers: 121-200 s)
     if "serve" in routines:
         per += 12 + sum(8 + -(-serve.prompts.get(c, 2 * c) // c) * (serve.output_len * 0.012 + 0.004 * c)
                         for c in serve.concurrency)
@@ -99,7 +99,7 @@ def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions
         per += serve.refits * (2 + 0.6 * layers) + 20
     if "start" in routines and serve.restart:
         per += 30 + 2 * layers
-    return (0 if cached_model else 8 * layers) + per * sessions
+    return (0 if cached_model else 4 * layers) + per * sessions  # writing the model: 63 s for 16 layers on an H100
 
 
 def gpu_tests(selection: Optional[str], timeout_s: int, record: Callable[[str, dict], None]) -> None:
@@ -177,7 +177,7 @@ def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progre
             state["pair"] = (models.from_user(args.model, args.bf16_model, work / "models") if args.model
                              else models.generated(work / "models", suite.model_layers))
 
-        steps.append(Step("model", 3 if cached else 8 * suite.model_layers, prepare, [describe_model]))
+        steps.append(Step("model", 3 if cached else 4 * suite.model_layers, prepare, [describe_model]))
         sessions = ["BF16"] + [f"MXFP8 ({flags})" for flags in suite.serve.mx_flags]
         lines = [f"servers, one at a time, each first on empty caches of its own: {', '.join(sessions)}",
                  f"  launch: python -m sglang.launch_server --model-path CKPT --port {suite.serve.port} "
