@@ -2,7 +2,8 @@
 run on a machine without a GPU against something that answers as SGLang does: /health_generate, /v1/models,
 /generate with input_ids (greedy tokens with their logprobs, input logprobs from logprob_start_len with the top
 token, streamed as server-sent events when asked, as SGLang's bench_serving reads them) and
-/update_weights_from_disk; with return_routed_experts, the experts each token was routed to in each of LAYERS MoE
+/update_weights_from_disk (refusing a folder with an e4m3 weight without its scale, as an MXFP8 server does); with
+return_routed_experts, the experts each token was routed to in each of LAYERS MoE
 layers (TOP_K each), base64 of int32 as SGLang's routing capture returns them.
 
 Its "model" is arithmetic: the greedy token after ids is (sum(ids) * 31 + SHIFT) % VOCAB, its logprob -1 / (1 + the
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 VOCAB = 1000
 LAYERS, TOP_K, EXPERTS = 2, 2, 128
@@ -46,6 +48,19 @@ def routed(ids):
     experts = [(t * 7 + layer * 13 + k * 29 + (SHIFT if t % 4 == 0 else 0)) % EXPERTS
                for t in ids for layer in range(LAYERS) for k in range(TOP_K)]
     return base64.b64encode(struct.pack(f"<{len(experts)}i", *experts)).decode()
+
+
+def fp8_weight_without_scale(folder):
+    """An e4m3 weight among the folder's safetensors without its weight_scale_inv (what an MXFP8 server refuses)."""
+    from safetensors import safe_open
+
+    for shard in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            names = set(f.keys())
+            for name in sorted(names):
+                if f.get_slice(name).get_dtype() == "F8_E4M3" and f"{name}_scale_inv" not in names:
+                    return name
+    return None
 
 
 def generated(ids, n):
@@ -101,6 +116,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/update_weights_from_disk":
+            missing = fp8_weight_without_scale(req["model_path"])
+            if missing:  # refused as the plugin refuses it; nothing changes
+                return self._send({"success": False, "message": f"{missing}: the checkpoint loaded this weight without "
+                                                                "its scale tensor"})
             with LOCK:
                 time.sleep(REFIT_S)
             if LOG:

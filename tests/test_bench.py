@@ -209,14 +209,27 @@ class PeerServer:
 def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch, mx_name, same):
     """A whole served comparison against two peers: SGLang's own bench_serving as the load at two concurrencies, the
     start, refit and refit-under-load timings, and the accuracy read against BF16's outputs, teacher-forced too."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
     from sglang_mxfp8.bench import served
     from sglang_mxfp8.bench.models import ServedPair, write_word_tokenizer
+    from sglang_mxfp8.format.numerics import quantize_mxfp8
 
     bf16 = tmp_path / "bf16"
     write_word_tokenizer(bf16, 1000)
     (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "vocab_size": 1000,
                                                   "num_experts_per_tok": 2, "num_hidden_layers": 2}))
-    pair = ServedPair(bf16, tmp_path / mx_name, "peer model", tokenizer=False)
+    mx = tmp_path / mx_name  # two MXFP8 weights with their scales: bench writes one without its scale to be refused
+    mx.mkdir()
+    shutil.copy2(bf16 / "config.json", mx / "config.json")
+    tensors = {}
+    for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.o_proj.weight"):
+        tensors[name], tensors[f"{name}_scale_inv"] = quantize_mxfp8(torch.randn(32, 64))
+    save_file(tensors, str(mx / "model.safetensors"))
+    pair = ServedPair(bf16, mx, "peer model", tokenizer=False)
     opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8,
                                port=_free_port(), refits=2)
     monkeypatch.setattr(served.Runner, "_server", lambda self, name, ckpt, flags, env: PeerServer(
@@ -239,6 +252,9 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     load = by[("requests failed during a refit", None)].extra
     assert load["failed"] == 0 and load["equal"] == load["equal_without_refit"] == load["requests"] == 32
     assert load["refit_s"] >= 0.3 and 0 < load["in_flight_at_refit"] <= 32
+    refused = by[("outputs kept after a refused refit", None)]
+    assert refused.mxfp8 == 1.0 and refused.bf16 is None and refused.extra["refused"] and refused.extra["names_layer"]
+    assert refused.extra["weight"] == "model.layers.0.self_attn.o_proj.weight" and refused.extra["prompts"] == 8
     assert by[("identical greedy sequences", None)].mxfp8 == (1.0 if same else 0.0)
     assert by[("top-1 agreement on BF16's tokens", None)].mxfp8 == (1.0 if same else 0.0)
     assert by[("mean |logprob - BF16's| on BF16's tokens", None)].extra["tokens"] == 8 * 32

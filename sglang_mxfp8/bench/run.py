@@ -193,7 +193,7 @@ def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progre
         if "refit" in served:
             lines.append(f"  refit: /update_weights_from_disk x{suite.serve.refits}"
                          + (", then with the page cache dropped" if suite.serve.cold_refit else "")
-                         + "; MXFP8: 32 requests in flight during a refit")
+                         + "; MXFP8: 32 requests in flight during a refit, then a refit it must refuse and roll back")
 
         def serve():
             from .served import Runner

@@ -4,8 +4,8 @@ one server at a time, each started by SGLang's stock launcher.
 Per server, in one session: its start on caches of its own (emptied first: a fresh machine's first start), the load
 at each concurrency from SGLang's own ``python -m sglang.bench_serving`` (random token ids of fixed lengths, so every
 request is the same size for both servers), greedy outputs on fixed prompts (MXFP8's read against BF16's, also
-teacher-forced on BF16's tokens), ``/update_weights_from_disk`` timed, and, for MXFP8, the refit-under-load check;
-then, where asked, a restart on the caches that start left. Rows pair each MXFP8 value with BF16's.
+teacher-forced on BF16's tokens), ``/update_weights_from_disk`` timed, and, for MXFP8, the refit-under-load check and
+a refit it must refuse and roll back; then, where asked, a restart on the caches that start left. Rows pair each MXFP8 value with BF16's.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class Session:
     errors: List[str] = field(default_factory=list)  # a routine that failed on this server, and why
     cold_refit_s: Optional[float] = None
     under_load: Optional[dict] = None
+    refused: Optional[dict] = None  # a refit of a weight without its scale: refused, the previous weights kept
     gsm8k: Optional[float] = None
     routed: Optional[list] = None  # routed experts on ACCURACY_PROMPTS
     routing: Optional[dict] = None  # routed experts against BF16's
@@ -275,6 +276,45 @@ def refit_under_load(port: int, ckpt: Path, requests_n: int = 32, new_tokens: in
             "in_flight_at_refit": sum(t > refit["sent"] for t in ended), "refit_s": refit.get("seconds")}
 
 
+def write_weight_without_scale(ckpt: Path, folder: Path) -> str:
+    """``folder`` made a checkpoint that an MXFP8 server must refuse to load: ``ckpt``'s config and one quantized weight
+    (an ``o_proj`` where there is one) without its scale tensor. Returns the weight's name."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    candidates = []  # (not an o_proj, name, shard): o_proj first, then by name
+    for shard in sorted(ckpt.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            names = set(f.keys())
+        candidates += [("o_proj" not in n, n, shard) for n in names
+                       if n.endswith(".weight") and {f"{n}_scale_inv", f"{n}_scale"} & names]
+    if not candidates:
+        raise RuntimeError(f"{ckpt}: no quantized weight with a scale tensor; is it an MXFP8 checkpoint?")
+    _, name, shard = min(candidates)
+    with safe_open(str(shard), "pt") as f:
+        tensor = f.get_tensor(name)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    shutil.copy2(ckpt / "config.json", folder / "config.json")
+    save_file({name: tensor.contiguous()}, str(folder / "model.safetensors"))
+    return name
+
+
+def refused_refit(port: int, ckpt: Path, folder: Path, new_tokens: int = 16) -> dict:
+    """``/update_weights_from_disk`` of a checkpoint holding one MXFP8 weight without its scale: the server must answer
+    ``success: false`` naming the layer, and keep serving the previous weights (greedy outputs on fixed prompts equal
+    before and after)."""
+    weight = write_weight_without_scale(ckpt, folder)
+    before = [item["output_ids"] for item in generate(port, ACCURACY_PROMPTS, new_tokens)]
+    r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_disk", json={"model_path": str(folder)}, timeout=900)
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    after = [item["output_ids"] for item in generate(port, ACCURACY_PROMPTS, new_tokens)]
+    message = str(body.get("message", r.text[:300]))
+    return {"weight": weight, "refused": not body.get("success", False), "names_layer": weight.rsplit(".", 1)[0] in message,
+            "outputs_kept": sum(a == b for a, b in zip(before, after)), "prompts": len(before), "message": message[:300]}
+
+
 _LOAD_TIME = re.compile(r"sglang_mxfp8: load took ([\d.]+) s: reading and copying the weights ([\d.]+) s, MXFP8 "
                         r"post-load processing \(scale conversion, kernel layouts\) ([\d.]+) s, kernel precompilation "
                         r"([\d.]+) s")
@@ -381,8 +421,9 @@ class Runner:
         if self.opts.cold_refit:
             drop_page_cache(ckpt)
             s.cold_refit_s = refit_seconds(self.opts.port, ckpt)
-        if self.bf16 is not None:  # the check is of MXFP8's in-place refit
+        if self.bf16 is not None:  # the checks are of MXFP8's in-place refit and its rollback
             s.under_load = refit_under_load(self.opts.port, ckpt)
+            s.refused = refused_refit(self.opts.port, ckpt, self.work / "refused_refit_checkpoint")
 
     def run(self, record: Callable[[List[Row]], None]) -> List[Session]:
         self.bf16 = None
@@ -432,6 +473,9 @@ class Runner:
         if mx.under_load is not None:
             row("refit", "requests failed during a refit", "requests", "lower", mx.under_load["failed"], None,
                 extra=mx.under_load)
+        if mx.refused is not None:
+            kept = mx.refused["outputs_kept"] / mx.refused["prompts"] if mx.refused["refused"] else 0.0
+            row("refit", "outputs kept after a refused refit", "fraction", "higher", kept, None, extra=mx.refused)
         if mx.outputs is not None and b.outputs is not None:
             row("accuracy", "identical greedy sequences", "fraction", "higher",
                 identical_sequences(mx.outputs, b.outputs), None, extra={"prompts": len(ACCURACY_PROMPTS),
