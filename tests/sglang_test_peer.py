@@ -8,7 +8,8 @@ layers (TOP_K each), base64 of int32 as SGLang's routing capture returns them.
 
 Its "model" is arithmetic: the greedy token after ids is (sum(ids) * 31 + SHIFT) % VOCAB, its logprob -1 / (1 + the
 token % 7); a token's experts in layer l are (token * 7 + l * 13 + k * 29) % EXPERTS, k < TOP_K, each moved by
-SHIFT for every fourth token id. SHIFT differs between two peers as MXFP8 does from BF16. A token takes TOKEN_S
+SHIFT for every fourth token id. SHIFT differs between two peers as MXFP8 does from BF16, and a checkpoint
+folder named "...negated..." (PEER_MODEL at start, or refit to) shifts them by 3 more. A token takes TOKEN_S
 seconds; a refit takes REFIT_S seconds and holds requests meanwhile, as SGLang's scheduler does.
 
 With a LOG file named, each refit appends the line the plugin logs on where a load's time went (60% reading and
@@ -19,6 +20,7 @@ copying, 40% post-load processing), as an MXFP8 server's log has it.
 
 import base64
 import json
+import os
 import struct
 import sys
 import threading
@@ -35,8 +37,16 @@ LOCK = threading.Lock()  # a refit holds it; every forward takes it
 TOKEN_S = 0.004  # a decode step's time, so that requests are still decoding when a refit arrives
 
 
+def negated_shift(model_path):
+    """The shift a checkpoint whose folder name says "negated" adds: another model to refit to."""
+    return 3 if "negated" in Path(model_path).name else 0
+
+
+MODEL_SHIFT = [negated_shift(os.environ.get("PEER_MODEL", ""))]  # the served checkpoint's; a refit sets it
+
+
 def next_token(ids):
-    return (sum(ids) * 31 + SHIFT) % VOCAB
+    return (sum(ids) * 31 + SHIFT + MODEL_SHIFT[0]) % VOCAB
 
 
 def logprob(token):
@@ -122,6 +132,7 @@ class Handler(BaseHTTPRequestHandler):
                                                                 "its scale tensor"})
             with LOCK:
                 time.sleep(REFIT_S)
+                MODEL_SHIFT[0] = negated_shift(req["model_path"])
             if LOG:
                 with open(LOG, "a") as log:
                     log.write(f"[x] sglang_mxfp8: load took {REFIT_S:.3f} s: reading and copying the weights "

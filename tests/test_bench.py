@@ -190,7 +190,7 @@ class PeerServer:
         shift = "5" if "mxfp8" in str(ckpt) and "same" not in str(ckpt) else "0"
         log = [str(self.log)] if "mxfp8" in str(ckpt) else []
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests/sglang_test_peer.py"), str(port), shift, "0.3",
-                                      *log])
+                                      *log], env=dict(os.environ, PEER_MODEL=str(ckpt)))
 
     def wait(self, timeout=400):
         for _ in range(200):
@@ -205,10 +205,37 @@ class PeerServer:
         self.proc.wait()
 
 
+def test_the_second_checkpoint_for_alternating_refits_negates_every_e4m3_weight_once(tmp_path):
+    """Every e4m3 tensor's sign bits flipped (its values negated, zeros and all), scales and other files as they were;
+    written once, and again only when the source is newer."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from sglang_mxfp8.bench.models import negated
+    from sglang_mxfp8.format.numerics import quantize_mxfp8
+
+    src = tmp_path / "mxfp8"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "qwen3_moe"}')
+    q, s = quantize_mxfp8(torch.randn(16, 64) * torch.tensor([0.0, 1.0]).repeat(32))  # every other column zero
+    save_file({"a.weight": q, "a.weight_scale_inv": s, "a.bias": torch.ones(16, dtype=torch.bfloat16)},
+              str(src / "model.safetensors"))
+    out = negated(src, tmp_path / "mxfp8-negated")
+    got = load_file(str(out / "model.safetensors"))
+    assert torch.equal(got["a.weight"].float(), -q.float()) and torch.equal(got["a.weight"].view(torch.uint8),
+                                                                            q.view(torch.uint8) ^ 0x80)
+    assert torch.equal(got["a.weight_scale_inv"], s)
+    assert torch.equal(got["a.bias"], torch.ones(16, dtype=torch.bfloat16))
+    assert (out / "config.json").read_text() == '{"model_type": "qwen3_moe"}' and not list(tmp_path.glob("*.partial"))
+    written = (out / "model.safetensors").stat().st_mtime_ns
+    assert negated(src, out) == out and (out / "model.safetensors").stat().st_mtime_ns == written
+
+
 @pytest.mark.parametrize("mx_name,same", [("mxfp8", False), ("mxfp8-same", True)])
 def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch, mx_name, same):
     """A whole served comparison against two peers: SGLang's own bench_serving as the load at two concurrencies, the
     start, refit and refit-under-load timings, and the accuracy read against BF16's outputs, teacher-forced too."""
+    import hashlib
     import shutil
 
     import torch
@@ -231,7 +258,7 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     save_file(tensors, str(mx / "model.safetensors"))
     pair = ServedPair(bf16, mx, "peer model", tokenizer=False)
     opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8,
-                               port=_free_port(), refits=2)
+                               port=_free_port(), refits=2, alternating_refits=3)
     monkeypatch.setattr(served.Runner, "_server", lambda self, name, ckpt, flags, env: PeerServer(
         name, ckpt, flags, self.opts.port, self.work / "logs"))
     steps = []
@@ -255,6 +282,10 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     refused = by[("outputs kept after a refused refit", None)]
     assert refused.mxfp8 == 1.0 and refused.bf16 is None and refused.extra["refused"] and refused.extra["names_layer"]
     assert refused.extra["weight"] == "model.layers.0.self_attn.o_proj.weight" and refused.extra["prompts"] == 8
+    alternating = by[("alternating refits equal to a fresh server", None)]
+    assert alternating.mxfp8 == 1.0 and alternating.extra["equal"] == {"ckpt": 1, "other": 2}
+    assert (tmp_path / "models" / f"{mx_name}-negated-{hashlib.sha1(str(mx.resolve()).encode()).hexdigest()[:10]}" /
+            "model.safetensors").is_file()
     assert by[("identical greedy sequences", None)].mxfp8 == (1.0 if same else 0.0)
     assert by[("top-1 agreement on BF16's tokens", None)].mxfp8 == (1.0 if same else 0.0)
     assert by[("mean |logprob - BF16's| on BF16's tokens", None)].extra["tokens"] == 8 * 32

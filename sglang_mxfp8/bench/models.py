@@ -85,3 +85,36 @@ def from_user(model: str, bf16_model: Optional[str], root: Path) -> ServedPair:
         print(f"bench: converting {model} to MXFP8 in {mx}", flush=True)
         convert(path, mx, force=True)
     return ServedPair(path, mx, path.name, tokenizer)
+
+
+def negated(mx: Path, out: Path) -> Path:
+    """A second MXFP8 checkpoint of ``mx``'s shapes for alternating refits: every e4m3 tensor negated (sign bits
+    flipped, scales kept), the other files copied. Written once into ``out`` (rewritten when ``mx`` is newer)."""
+    import shutil
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shards = sorted(mx.glob("*.safetensors"))
+    newest = max(f.stat().st_mtime for f in shards)
+    if (out / "config.json").is_file() and all((out / f.name).is_file() and (out / f.name).stat().st_mtime >= newest
+                                               for f in shards):
+        return out
+    print(f"bench: writing {mx} with its weights negated to {out} (a second checkpoint to refit to)", flush=True)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for f in mx.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy2(f, partial / f.name)
+    for shard in shards:
+        with safe_open(str(shard), "pt") as f:
+            tensors, metadata = {n: f.get_tensor(n) for n in f.keys()}, f.metadata()
+        for n, t in tensors.items():
+            if t.dtype == torch.float8_e4m3fn:
+                tensors[n] = (t.view(torch.uint8) ^ 0x80).view(torch.float8_e4m3fn)
+        save_file(tensors, str(partial / shard.name), metadata=metadata)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    return out

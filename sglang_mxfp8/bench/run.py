@@ -44,7 +44,7 @@ SUITES = {
     "full": Suite(SUITE_ROUTINES, LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
                   ServeOptions(prompts={1: 16, 16: 128, 128: 512}, mx_flags=(MISSION_FLAGS,
                                                                              "--fp8-gemm-backend auto --moe-runner-backend auto"),
-                               restart=True, cold_refit=True, gsm8k_questions=1319), 16, None),
+                               restart=True, cold_refit=True, gsm8k_questions=1319, alternating_refits=20), 16, None),
 }
 
 
@@ -95,11 +95,16 @@ def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions
                         for c in serve.concurrency)
     if "routing" in routines:
         per += 5
+    alternating = 0.0
     if "refit" in routines:
         per += serve.refits * (2 + 0.6 * layers) + 20
+        if serve.alternating_refits:  # the second checkpoint written once; per MXFP8 server, its refits and a start
+            per_mx = serve.alternating_refits * (3 + 0.6 * layers) + 60 + 5.5 * layers
+            alternating = 4 * layers + (sessions - 1) * per_mx
     if "start" in routines and serve.restart:
         per += 30 + 2 * layers
-    return (0 if cached_model else 4 * layers) + per * sessions  # writing the model: 63 s for 16 layers on an H100
+    # writing the model: 63 s for 16 layers on an H100
+    return (0 if cached_model else 4 * layers) + per * sessions + alternating
 
 
 def gpu_tests(selection: Optional[str], timeout_s: int, record: Callable[[str, dict], None]) -> None:
@@ -193,7 +198,9 @@ def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progre
         if "refit" in served:
             lines.append(f"  refit: /update_weights_from_disk x{suite.serve.refits}"
                          + (", then with the page cache dropped" if suite.serve.cold_refit else "")
-                         + "; MXFP8: 32 requests in flight during a refit, then a refit it must refuse and roll back")
+                         + "; MXFP8: 32 requests in flight during a refit, then a refit it must refuse and roll back"
+                         + (f", then {suite.serve.alternating_refits} refits alternating with its weights negated, "
+                            "each against a fresh server" if suite.serve.alternating_refits else ""))
 
         def serve():
             from .served import Runner

@@ -5,13 +5,15 @@ Per server, in one session: its start on caches of its own (emptied first: a fre
 at each concurrency from SGLang's own ``python -m sglang.bench_serving`` (random token ids of fixed lengths, so every
 request is the same size for both servers), greedy outputs on fixed prompts (MXFP8's read against BF16's, also
 teacher-forced on BF16's tokens), ``/update_weights_from_disk`` timed, and, for MXFP8, the refit-under-load check and
-a refit it must refuse and roll back; then, where asked, a restart on the caches that start left. Rows pair each MXFP8 value with BF16's.
+a refit it must refuse and roll back (with --suite full also refits alternating with a second checkpoint, each
+against a fresh server); then, where asked, a restart on the caches that start left. Rows pair each MXFP8 value with BF16's.
 """
 
 from __future__ import annotations
 
 import array
 import base64
+import hashlib
 import json
 import os
 import re
@@ -29,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import requests
 
 from ..flags import MISSION_FLAGS
-from .models import ServedPair
+from .models import ServedPair, negated
 from .rows import Environment, Row, measurement
 
 # the compile caches a server fills, each pointed at a folder of the run's own
@@ -51,6 +53,7 @@ class ServeOptions:
     cold_refit: bool = False  # also refit with the checkpoint's files out of the page cache
     refits: int = 2
     gsm8k_questions: int = 0  # 0: no gsm8k
+    alternating_refits: int = 0  # MXFP8: refits alternating with a second checkpoint, each against a fresh server
     port: int = 30700
     start_timeout: int = 900
 
@@ -72,6 +75,8 @@ class Session:
     cold_refit_s: Optional[float] = None
     under_load: Optional[dict] = None
     refused: Optional[dict] = None  # a refit of a weight without its scale: refused, the previous weights kept
+    fresh_outputs: Dict[str, list] = field(default_factory=dict)  # checkpoint -> a fresh server's prompt_outputs
+    alternating: Optional[dict] = None  # alternating_refits' outputs, and the second checkpoint
     gsm8k: Optional[float] = None
     routed: Optional[list] = None  # routed experts on ACCURACY_PROMPTS
     routing: Optional[dict] = None  # routed experts against BF16's
@@ -301,18 +306,35 @@ def write_weight_without_scale(ckpt: Path, folder: Path) -> str:
     return name
 
 
-def refused_refit(port: int, ckpt: Path, folder: Path, new_tokens: int = 16) -> dict:
+def prompt_outputs(port: int, new_tokens: int = 16) -> list:
+    """Greedy token ids on ACCURACY_PROMPTS, sent as one request (the same batch every time)."""
+    return [item["output_ids"] for item in generate(port, ACCURACY_PROMPTS, new_tokens)]
+
+
+def refused_refit(port: int, ckpt: Path, folder: Path) -> dict:
     """``/update_weights_from_disk`` of a checkpoint holding one MXFP8 weight without its scale: the server must answer
     ``success: false`` naming the layer, and keep serving the previous weights (greedy outputs on fixed prompts equal
     before and after)."""
     weight = write_weight_without_scale(ckpt, folder)
-    before = [item["output_ids"] for item in generate(port, ACCURACY_PROMPTS, new_tokens)]
+    before = prompt_outputs(port)
     r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_disk", json={"model_path": str(folder)}, timeout=900)
     body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-    after = [item["output_ids"] for item in generate(port, ACCURACY_PROMPTS, new_tokens)]
+    after = prompt_outputs(port)
     message = str(body.get("message", r.text[:300]))
     return {"weight": weight, "refused": not body.get("success", False), "names_layer": weight.rsplit(".", 1)[0] in message,
             "outputs_kept": sum(a == b for a, b in zip(before, after)), "prompts": len(before), "message": message[:300]}
+
+
+def alternating_refits(port: int, ckpt: Path, other: Path, refits: int) -> dict:
+    """``refits`` refits from disk alternating ``other`` and ``ckpt`` (ending on ``ckpt``), the greedy outputs on fixed
+    prompts after each, by checkpoint; the caller compares them with fresh servers' outputs."""
+    outputs: Dict[str, list] = {"ckpt": [], "other": []}
+    for i in range(refits + refits % 2):
+        which = "other" if i % 2 == 0 else "ckpt"
+        refit_seconds(port, other if which == "other" else ckpt)
+        if i < refits:
+            outputs[which].append(prompt_outputs(port))
+    return outputs
 
 
 _LOAD_TIME = re.compile(r"sglang_mxfp8: load took ([\d.]+) s: reading and copying the weights ([\d.]+) s, MXFP8 "
@@ -380,6 +402,15 @@ class Runner:
                     print(f"bench: {routine} on {name} failed: {type(e).__name__}: {e}", flush=True)
         finally:
             server.stop()
+        if s.alternating is not None:
+            second = s.alternating["second"]
+            self.step(f"start {name} on {second.name} (fresh, for the alternating refits)")
+            fresh = self._server(name + " second checkpoint", second, flags, cache_env(folder, fresh=False))
+            try:
+                fresh.wait(timeout=self.opts.start_timeout)
+                s.fresh_outputs["other"] = prompt_outputs(self.opts.port)
+            finally:
+                fresh.stop()
         if "start" in self.routines and self.opts.restart:
             self.step(f"restart {name}")
             again = self._server(name + " restart", ckpt, flags, cache_env(folder, fresh=False))
@@ -416,6 +447,9 @@ class Runner:
 
     def _refit(self, s: Session, name: str, ckpt: Path) -> None:
         self.step(f"refit {name}")
+        mx = self.bf16 is not None
+        if mx and self.opts.alternating_refits:
+            s.fresh_outputs["ckpt"] = prompt_outputs(self.opts.port)  # before any refit: a fresh server's
         s.refit_s = [refit_seconds(self.opts.port, ckpt) for _ in range(self.opts.refits)]
         s.refit_split = last_load_times(s.log) if s.log is not None else None
         if self.opts.cold_refit:
@@ -424,6 +458,12 @@ class Runner:
         if self.bf16 is not None:  # the checks are of MXFP8's in-place refit and its rollback
             s.under_load = refit_under_load(self.opts.port, ckpt)
             s.refused = refused_refit(self.opts.port, ckpt, self.work / "refused_refit_checkpoint")
+        if mx and self.opts.alternating_refits:
+            other = negated(ckpt, self.work.parent / "models" /
+                            f"{ckpt.name}-negated-{hashlib.sha1(str(ckpt.resolve()).encode()).hexdigest()[:10]}")
+            self.step(f"refit {name}: {self.opts.alternating_refits} refits alternating with {other.name}")
+            s.alternating = {"second": other, **alternating_refits(self.opts.port, ckpt, other,
+                                                                  self.opts.alternating_refits)}
 
     def run(self, record: Callable[[List[Row]], None]) -> List[Session]:
         self.bf16 = None
@@ -476,6 +516,12 @@ class Runner:
         if mx.refused is not None:
             kept = mx.refused["outputs_kept"] / mx.refused["prompts"] if mx.refused["refused"] else 0.0
             row("refit", "outputs kept after a refused refit", "fraction", "higher", kept, None, extra=mx.refused)
+        if mx.alternating is not None and len(mx.fresh_outputs) == 2:
+            equal = {k: sum(o == mx.fresh_outputs[k] for o in mx.alternating[k]) for k in ("ckpt", "other")}
+            refits = len(mx.alternating["ckpt"]) + len(mx.alternating["other"])
+            row("refit", "alternating refits equal to a fresh server", "fraction", "higher",
+                sum(equal.values()) / refits, None,
+                extra={"refits": refits, "equal": equal, "second_checkpoint": "every e4m3 weight negated"})
         if mx.outputs is not None and b.outputs is not None:
             row("accuracy", "identical greedy sequences", "fraction", "higher",
                 identical_sequences(mx.outputs, b.outputs), None, extra={"prompts": len(ACCURACY_PROMPTS),
