@@ -140,16 +140,16 @@ def summary(rows: Sequence[dict]) -> List[str]:
     if refit:
         out.append(f"`/update_weights_from_disk`: {refit[0]['mxfp8']:.1f} s against BF16's {refit[0]['bf16']:.1f} s "
                    f"({where(refit)}).")
-    layers, newest = [], None
+    layers, cited = [], []
     for what, flags in (("MoE", f"{MOE_FLAG} flashinfer_cutlass"), ("linear", f"{DENSE_FLAG} flashinfer_trtllm")):
         measured = [r for key, group in figs.items() if key[0] == "layers" and key[3] == flags for r in group]
         if measured:
             ratios, tokens = [r["ratio"] for r in measured], [r["tokens"] for r in measured]
             layers.append(f"{what} layers under `{flags}` {min(ratios):.2f}-{max(ratios):.2f}x BF16 at "
                           f"{min(tokens)}-{max(tokens)} tokens")
-            newest = max(([newest] if newest else []) + measured, key=lambda r: r["time"])
+            cited += measured
     if layers:
-        out.append(f"{'; '.join(layers)} ({where([newest])}).")
+        out.append(f"{'; '.join(layers)} ({where([max(cited, key=lambda r: r['time'])])}).")
     return out
 
 

@@ -160,10 +160,15 @@ def teacher_forced(port: int, reference: list) -> dict:
     return {"agreement": agree / total, "mean_abs_logprob_diff": statistics.fmean(diffs), "tokens": total}
 
 
-def experts_per_token(ckpt: Path) -> int:
-    """The checkpoint's top-k (num_experts_per_tok, of its text config where it has one)."""
+def _text_config(ckpt: Path) -> dict:
+    """The checkpoint's config.json, its text model's part where it has one."""
     config = json.loads((ckpt / "config.json").read_text())
-    top_k = (config.get("text_config") or config).get("num_experts_per_tok")
+    return config.get("text_config") or config
+
+
+def experts_per_token(ckpt: Path) -> int:
+    """The checkpoint's top-k (num_experts_per_tok)."""
+    top_k = _text_config(ckpt).get("num_experts_per_tok")
     if not top_k:
         raise RuntimeError(f"{ckpt}/config.json has no num_experts_per_tok: routing needs a MoE model")
     return int(top_k)
@@ -171,8 +176,7 @@ def experts_per_token(ckpt: Path) -> int:
 
 def routed_layers(ckpt: Path) -> Optional[int]:
     """Layers per token in a routing capture: the checkpoint's hidden layers where each is a MoE layer, else None."""
-    config = json.loads((ckpt / "config.json").read_text())
-    config = config.get("text_config") or config
+    config = _text_config(ckpt)
     if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1 or config.get("first_k_dense_replace"):
         return None
     return config.get("num_hidden_layers")
@@ -224,13 +228,20 @@ def drop_page_cache(ckpt: Path) -> None:
             os.close(fd)
 
 
+def update_weights_from_disk(port: int, ckpt: Path) -> Tuple[bool, str]:
+    """SGLang's refit endpoint: whether it succeeded, and its answer (HTTP status: message)."""
+    r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_disk", json={"model_path": str(ckpt)}, timeout=900)
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    ok = r.status_code == 200 and bool(body.get("success", False))
+    return ok, f"{r.status_code}: {body.get('message', r.text[:200])}"
+
+
 def refit_seconds(port: int, ckpt: Path) -> float:
     start = time.perf_counter()
-    r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_disk", json={"model_path": str(ckpt)}, timeout=900)
+    ok, answer = update_weights_from_disk(port, ckpt)
     seconds = time.perf_counter() - start
-    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-    if r.status_code != 200 or not body.get("success", False):
-        raise RuntimeError(f"/update_weights_from_disk {ckpt} answered {r.status_code}: {body.get('message', r.text[:200])}")
+    if not ok:
+        raise RuntimeError(f"/update_weights_from_disk {ckpt} answered {answer}")
     return seconds
 
 
@@ -317,11 +328,9 @@ def refused_refit(port: int, ckpt: Path, folder: Path) -> dict:
     before and after)."""
     weight = write_weight_without_scale(ckpt, folder)
     before = prompt_outputs(port)
-    r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_disk", json={"model_path": str(folder)}, timeout=900)
-    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    ok, message = update_weights_from_disk(port, folder)
     after = prompt_outputs(port)
-    message = str(body.get("message", r.text[:300]))
-    return {"weight": weight, "refused": not body.get("success", False), "names_layer": weight.rsplit(".", 1)[0] in message,
+    return {"weight": weight, "refused": not ok, "names_layer": weight.rsplit(".", 1)[0] in message,
             "outputs_kept": sum(a == b for a, b in zip(before, after)), "prompts": len(before), "message": message[:300]}
 
 
@@ -455,7 +464,7 @@ class Runner:
         if self.opts.cold_refit:
             drop_page_cache(ckpt)
             s.cold_refit_s = refit_seconds(self.opts.port, ckpt)
-        if self.bf16 is not None:  # the checks are of MXFP8's in-place refit and its rollback
+        if mx:  # the checks are of MXFP8's in-place refit and its rollback
             s.under_load = refit_under_load(self.opts.port, ckpt)
             s.refused = refused_refit(self.opts.port, ckpt, self.work / "refused_refit_checkpoint")
         if mx and self.opts.alternating_refits:
