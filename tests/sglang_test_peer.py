@@ -2,7 +2,9 @@
 run on a machine without a GPU against something that answers as SGLang does: /health_generate, /v1/models,
 /generate with input_ids (greedy tokens with their logprobs, input logprobs from logprob_start_len with the top
 token, streamed as server-sent events when asked, as SGLang's bench_serving reads them) and
-/update_weights_from_disk (refusing a folder with an e4m3 weight without its scale, as an MXFP8 server does); with
+/update_weights_from_disk (refusing, as an MXFP8 server does, a folder that does not exist and one with an e4m3 weight
+without its scale or with a scale of the wrong shape, a float8 weight not e4m3, NaN e4m3 bytes, or a float weight
+holding NaN or Inf), /flush_cache; with
 return_routed_experts, the experts each token was routed to in each of LAYERS MoE
 layers (TOP_K each), base64 of int32 as SGLang's routing capture returns them.
 
@@ -60,16 +62,30 @@ def routed(ids):
     return base64.b64encode(struct.pack(f"<{len(experts)}i", *experts)).decode()
 
 
-def fp8_weight_without_scale(folder):
-    """An e4m3 weight among the folder's safetensors without its weight_scale_inv (what an MXFP8 server refuses)."""
+def refusal(folder):
+    """Why an MXFP8 server refuses to load ``folder`` (its message), or None."""
+    import torch
     from safetensors import safe_open
 
+    if not Path(folder).is_dir():
+        return f"Failed to get weights iterator: {folder} is no folder"
     for shard in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
-            names = set(f.keys())
-            for name in sorted(names):
-                if f.get_slice(name).get_dtype() == "F8_E4M3" and f"{name}_scale_inv" not in names:
-                    return name
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        for name, t in sorted(tensors.items()):
+            scale = tensors.get(f"{name}_scale_inv")
+            if t.dtype == torch.float8_e4m3fn:
+                if scale is None:
+                    return f"{name}: the checkpoint loaded this weight without its scale tensor"
+                if tuple(scale.shape) != (*t.shape[:-1], t.shape[-1] // 32):
+                    return f"{name}: weight {list(t.shape)} needs a scale of another shape, the checkpoint has " \
+                           f"{list(scale.shape)}"
+                if bool(((t.view(torch.uint8) & 0x7F) == 0x7F).any()):
+                    return f"{name}: weight row holds NaN e4m3 values"
+            elif t.is_floating_point() and t.element_size() == 1:
+                return f"{name}: checkpoint tensor is {t.dtype}, expected torch.float8_e4m3fn"
+            elif t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return f"{name}: scale row holds NaN (0xFF)"
     return None
 
 
@@ -124,12 +140,14 @@ class Handler(BaseHTTPRequestHandler):
         return {"text": " ".join(f"t{t}" for t in out), "output_ids": out, "meta_info": meta}
 
     def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        length = int(self.headers.get("Content-Length") or 0)
+        req = json.loads(self.rfile.read(length)) if length else {}
+        if self.path == "/flush_cache":
+            return self._send({})
         if self.path == "/update_weights_from_disk":
-            missing = fp8_weight_without_scale(req["model_path"])
-            if missing:  # refused as the plugin refuses it; nothing changes
-                return self._send({"success": False, "message": f"{missing}: the checkpoint loaded this weight without "
-                                                                "its scale tensor"})
+            refused = refusal(req["model_path"])
+            if refused:  # as the plugin refuses it; nothing changes
+                return self._send({"success": False, "message": f"Failed to update weights: {refused}"}, 400)
             with LOCK:
                 time.sleep(REFIT_S)
                 MODEL_SHIFT[0] = negated_shift(req["model_path"])

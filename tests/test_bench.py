@@ -249,7 +249,7 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     write_word_tokenizer(bf16, 1000)
     (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "vocab_size": 1000,
                                                   "num_experts_per_tok": 2, "num_hidden_layers": 2}))
-    mx = tmp_path / mx_name  # two MXFP8 weights with their scales: bench writes one without its scale to be refused
+    mx = tmp_path / mx_name  # two MXFP8 weights with their scales: bench spoils one in every way a refit is refused
     mx.mkdir()
     shutil.copy2(bf16 / "config.json", mx / "config.json")
     tensors = {}
@@ -279,9 +279,15 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     load = by[("requests failed during a refit", None)].extra
     assert load["failed"] == 0 and load["equal"] == load["equal_without_refit"] == load["requests"] == 32
     assert load["refit_s"] >= 0.3 and 0 < load["in_flight_at_refit"] <= 32
-    refused = by[("outputs kept after a refused refit", None)]
-    assert refused.mxfp8 == 1.0 and refused.bf16 is None and refused.extra["refused"] and refused.extra["names_layer"]
-    assert refused.extra["weight"] == "model.layers.0.self_attn.o_proj.weight" and refused.extra["prompts"] == 8
+    refused = by[("refits refused, then requests answered", None)]
+    assert refused.mxfp8 == 1.0 and refused.bf16 is None, refused.extra
+    assert refused.extra["refused"] == 4 and refused.extra["refused_answered_false"] == 4
+    assert refused.extra["accepted"] == 1 and refused.extra["recompiles"] == 0
+    steps = refused.extra["steps"]
+    assert [s["step"] for s in steps] == ["disk:missing_scale", "disk:short_scale", "disk:nan_bf16",
+                                          "disk:missing_folder", "disk:A"]
+    assert "without its scale" in steps[0]["message"] and "needs a scale" in steps[1]["message"]
+    assert steps[0]["weight"] in ("model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.o_proj.weight")
     alternating = by[("alternating refits equal to a fresh server", None)]
     assert alternating.mxfp8 == 1.0 and alternating.extra["equal"] == {"ckpt": 1, "other": 2}
     assert (tmp_path / "models" / f"{mx_name}-negated-{hashlib.sha1(str(mx.resolve()).encode()).hexdigest()[:10]}" /

@@ -532,7 +532,7 @@ else:
 set_global_server_args_for_scheduler(server_args)
 runner = types.SimpleNamespace(
     device="cpu", gpu_id=0, model=Model(), load_config=LoadConfig(), server_args=server_args,
-    model_config=types.SimpleNamespace(model_path=str(root / "A"), revision=None, dtype=torch.float32, quantization=None,
+    model_config=types.SimpleNamespace(model_path=str(root / "A"), revision=None, dtype=torch.bfloat16, quantization=None,
                                        hf_config=types.SimpleNamespace(architectures=["Qwen3ForCausalLM"])))
 
 target = runner
@@ -544,12 +544,24 @@ if WeightUpdater is not None:  # the real WeightUpdater SGLang builds for its mo
 def state():
     return layer.weight.view(torch.uint8).clone(), layer.mxfp8_state.converter.block_scale.clone()
 
+compiles = []  # torch.compile guards on torch's global state (the default dtype among it): a change recompiles
+
+
+@torch.compile(backend=lambda gm, example: compiles.append(gm) or gm.forward, fullgraph=True)
+def compiled(x):
+    return x * 2 + 1
+
+
+compiled(torch.ones(4))
+
 def refit(name, fn=patched):
     try:
         ok, message = fn(target, str(root / name), "auto")
     except Exception as e:
         ok, message = "raised", str(e).splitlines()[0]
+    compiled(torch.ones(4))
     print(name, ok, runner.model_config.model_path.rsplit("/", 1)[-1], "|", message.splitlines()[0])
+    print("STATE", name, torch.get_default_dtype(), len(compiles))
 
 refit("A"); state_a = state(); refit("B"); state_b = state()
 assert not torch.equal(state_a[0], state_b[0])
@@ -568,7 +580,10 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     p = subprocess.run([sys.executable, "-c", REFIT_RUNNER, str(tmp_path), json.dumps(QWEN3_MOE_CONFIG)], capture_output=True, text=True,
                        timeout=240, cwd="/")
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = [line for line in p.stdout.splitlines() if not line.startswith("TIME ")]
+    lines = [line for line in p.stdout.splitlines() if not line.startswith(("TIME ", "STATE "))]
+    # a refit, refused or not, leaves torch's default dtype (the model's is bfloat16 here) and so never recompiles
+    states = [line.split()[2:] for line in p.stdout.splitlines() if line.startswith("STATE ")]
+    assert len(states) == 9 and all(state == ["torch.float32", "1"] for state in states), states
     assert lines[0].startswith("A True A |") and lines[1].startswith("B True B |")
     from sglang_mxfp8.bench.served import load_times
 
@@ -670,3 +685,153 @@ def test_the_quantization_patches_apply_whatever_is_imported_first(first):
                    " fp8.dispatch_w8a8_mxfp8_linear.__wrapped__ is qm.dispatch_w8a8_mxfp8_linear)")
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.splitlines()[-1] == "{} ['quantization.dense_dispatch', 'quantization.mxfp8_config'] True True"
+
+
+TENSOR_RUNNER = """
+import ast, dataclasses, sys, types, torch
+from pathlib import Path
+from typing import List, Optional, Tuple, Union
+import sglang
+import sglang.srt.layers.quantization as q
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.utils import MultiprocessingSerializer, dynamic_import
+from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+from sglang_mxfp8.bench.refusals import SPOILS, spoiled
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.format.refit import LoadTracker
+from sglang_mxfp8.kernels import registry
+from sglang_mxfp8.kernels.base import LinearSpec
+from sglang_mxfp8.platform import GpuSpec
+from sglang_mxfp8.sglang import quant_methods
+from sglang_mxfp8.sglang.patches import model_runner as patches
+from sglang_mxfp8.sglang.weights import postprocess_mxfp8_modules
+
+# SGLang 0.5.10.post1's own ModelRunner.update_weights_from_tensor and the helpers it calls, from its source
+# (model_runner.py imports sgl_kernel, which has no CPU build)
+path = Path(sglang.__file__).parent / "srt/model_executor/model_runner.py"
+tree = ast.parse(path.read_text())
+runner_cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
+body = [n for n in tree.body if getattr(n, "name", None) in ("_unwrap_tensor", "_model_load_weights_direct",
+                                                            "LocalSerializedTensor")]
+body += [n for n in runner_cls.body if isinstance(n, ast.FunctionDef) and n.name == "update_weights_from_tensor"]
+scope = dict(torch=torch, List=List, Optional=Optional, Tuple=Tuple, Union=Union, dataclass=dataclasses.dataclass,
+             MultiprocessingSerializer=MultiprocessingSerializer, default_weight_loader=default_weight_loader,
+             monkey_patch_torch_reductions=monkey_patch_torch_reductions, dynamic_import=dynamic_import)
+exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scope)
+update = patches._checked_and_marking(scope["update_weights_from_tensor"])
+
+torch.manual_seed(0)
+cfg = q.QUANTIZATION_METHODS["mxfp8"](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
+method = quant_methods.Mxfp8LinearMethod(cfg, "layer")
+method.plan = registry.select_linear(LinearSpec("layer", 256, 512), GpuSpec("NVIDIA H200", 90), "triton")
+layer = torch.nn.Module(); layer.quant_method = method
+layer.weight = torch.nn.Parameter(torch.empty(256, 512, dtype=torch.float8_e4m3fn), requires_grad=False)
+layer.weight_scale_inv = torch.nn.Parameter(torch.empty(256, 16, dtype=torch.uint8), requires_grad=False)
+layer.mxfp8_loads = LoadTracker("layer", {"": (layer.weight, layer.weight_scale_inv)})
+layer.mxfp8_state = method.plan.create_buffers(layer)
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = layer
+        self.norm = torch.nn.Parameter(torch.ones(512, dtype=torch.bfloat16), requires_grad=False)
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, t in weights:
+            getattr(params[name], "weight_loader", default_weight_loader)(params[name], t)
+
+runner = types.SimpleNamespace(device="cpu", tp_rank=0, model=Model(),
+                               server_args=types.SimpleNamespace(custom_weight_loader=[]))
+ckpt = {}
+for name in ("A", "B"):
+    w = torch.randn(256, 512) * torch.logspace(-2, 2, 512)
+    qw, s = quantize_mxfp8(w)
+    ckpt[name] = {"layer.weight": qw, "layer.weight_scale_inv": s, "norm": torch.full((512,), 2.0, dtype=torch.bfloat16)}
+
+def state():
+    return layer.weight.view(torch.uint8).clone(), layer.mxfp8_state.converter.block_scale.clone(), runner.model.norm.clone()
+
+def send(tensors):
+    runner._sglang_mxfp8_pending = False
+    ok, message = update(runner, list(tensors.items()))
+    if runner._sglang_mxfp8_pending:
+        postprocess_mxfp8_modules(runner.model)
+    return ok, message
+
+print("A", *send(ckpt["A"])); a = state()
+print("B", *send(ckpt["B"])); b = state()
+assert not torch.equal(a[0], b[0])
+for what in SPOILS:
+    if what == "missing_folder":
+        continue
+    tensors = {"norm": ckpt["A"]["norm"], **spoiled(what, "layer.weight", ckpt["A"], "weight_scale_inv")}
+    ok, message = send(tensors)
+    print(what, ok, all(torch.equal(x, y) for x, y in zip(state(), b)), message)
+print("A", *send(ckpt["A"])); print("back to A", all(torch.equal(x, y) for x, y in zip(state(), a)))
+print("dtype", torch.get_default_dtype())
+"""
+
+
+def _runner_updates_from_tensor() -> bool:
+    """Whether this SGLang's ModelRunner itself updates weights from tensors (<= 0.5.14), as its source says."""
+    import sglang
+
+    return "def _unwrap_tensor" in (Path(sglang.__file__).parent / "srt/model_executor/model_runner.py").read_text()
+
+
+@pytest.mark.skipif(not _runner_updates_from_tensor(),
+                    reason="this SGLang keeps update_weights_from_tensor on a WeightUpdater that needs a server's "
+                           "runtime context; the GPU test (tests/gpu/test_refused_refits.py) covers it there")
+def test_a_spoiled_tensor_update_is_refused_before_anything_is_written():
+    """Real SGLang update_weights_from_tensor (0.5.10.post1's source) wrapped by the patch, our real linear method
+    (CPU): each spoiled update answers success: false naming the tensor, writes nothing (the BF16 tensor sent beside
+    it neither), and the accepted updates before and after it are served."""
+    p = subprocess.run([sys.executable, "-c", TENSOR_RUNNER], capture_output=True, text=True, timeout=240, cwd="/")
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0] == "A True Success" and lines[1] == "B True Success"
+    refused = dict((line.split(" ", 1)[0], line.split(" ", 3)[1:]) for line in lines[2:8])
+    assert set(refused) == {"missing_scale", "short_scale", "e5m2_weight", "nan_e4m3", "nan_bf16", "inf_fp32"}
+    for what, (ok, kept, message) in refused.items():
+        assert ok == "False" and kept == "True", (what, message)
+        assert message.startswith("Failed to update weights: layer.weight") and message.endswith(
+            "Nothing of this update was loaded; the previous weights keep serving."), message
+    assert "without its scale" in refused["missing_scale"][2] and "[256, 15]" in refused["short_scale"][2]
+    assert "float8_e5m2" in refused["e5m2_weight"][2] and "NaN e4m3" in refused["nan_e4m3"][2]
+    assert "NaN or Inf" in refused["nan_bf16"][2] and "NaN or Inf" in refused["inf_fp32"][2]
+    assert lines[8:] == ["A True Success", "back to A True", "dtype torch.float32"]
+
+
+def test_torch_state_kept_puts_back_what_torch_compile_guards_on(caplog):
+    """A block that changes the default dtype and grad mode and then raises leaves both as they were, with one
+    warning naming what changed; a block that changes nothing logs nothing."""
+    import torch
+
+    from sglang_mxfp8.sglang.weights import torch_state_kept
+
+    with caplog.at_level("WARNING", logger="sglang_mxfp8"):
+        with pytest.raises(RuntimeError, match="refused"):
+            with torch_state_kept("a refit"):
+                torch.set_default_dtype(torch.bfloat16)
+                torch.set_grad_enabled(False)
+                raise RuntimeError("refused")
+        assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
+        with torch_state_kept("a quiet refit"):
+            pass
+    assert [r.getMessage() for r in caplog.records] == [
+        "sglang_mxfp8: a refit changed torch's global state (grad_mode default_dtype); put back"]
+
+
+def test_sglangs_set_default_torch_dtype_restores_the_dtype_when_its_block_raises():
+    """On every supported SGLang, the loader's set_default_torch_dtype (patched where SGLang restores only on return)
+    leaves the default dtype as it was when a load raises inside it, also where SGLang imported it by name."""
+    p = run_python(
+        "import torch\n"
+        "from sglang.srt.model_loader import loader, utils\n"
+        "from sglang_mxfp8.sglang import patching\n"
+        "from sglang_mxfp8.sglang.patches.loader_utils import PATCH, restores_on_error\n"
+        "print(restores_on_error(utils.set_default_torch_dtype), loader.set_default_torch_dtype is "
+        "utils.set_default_torch_dtype, PATCH in patching.APPLIED or PATCH in patching.KEPT)\n"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.splitlines()[-1] == "True True True"

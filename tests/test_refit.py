@@ -461,3 +461,35 @@ def test_the_storage_check_names_a_tensor_that_moved_after_the_first_load(move, 
         (line,) = steps[step]
         assert line.startswith(f"LOG WARNING sglang_mxfp8: 1 of {tensors} MXFP8 tensors moved since the first load "
                                f"(first: ") and f"{name}" in line, line
+
+
+def test_a_tensor_update_is_checked_whole_before_anything_is_written():
+    """refused_update names the first tensor a post-load check would refuse, on fresh random weights: an e4m3 weight
+    without its scale (or a scale without its weight), a scale of the wrong shape or dtype, a float8 weight not e4m3,
+    NaN e4m3 bytes, a NaN scale byte, and NaN or +-Inf in any float tensor; a whole good update passes."""
+    from sglang_mxfp8.bench.refusals import SPOILS, spoiled
+    from sglang_mxfp8.format.refit import refused_update
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    w = "model.layers.0.mlp.experts.3.down_proj.weight"
+    q, s = quantize_mxfp8(torch.randn(64, 256, generator=g))
+    good = {"model.norm.weight": torch.randn(256, generator=g).bfloat16(), w: q, f"{w}_scale_inv": s,
+            "model.layers.0.mlp.gate.weight": torch.randn(8, 256, generator=g)}
+    assert refused_update(list(good.items())) is None
+    for what in SPOILS:
+        if what != "missing_folder":
+            update = {**{n: t for n, t in good.items() if not n.startswith(w)}, **spoiled(what, w, good, "weight_scale_inv")}
+            assert refused_update(list(update.items())).startswith(f"{w}: "), what
+    for bad_value in (float("nan"), float("inf"), float("-inf")):
+        norm = good["model.norm.weight"].clone()
+        norm[7] = bad_value
+        assert refused_update(list({**good, "model.norm.weight": norm}.items())) == "model.norm.weight: holds NaN or Inf"
+    nan_scale = s.clone()
+    nan_scale[5, 2] = 255
+    assert refused_update([(w, q), (f"{w}_scale_inv", nan_scale)]) == f"{w}_scale_inv: holds NaN scale bytes (255)"
+    assert "a scale without its weight" in refused_update([(f"{w}_scale_inv", s)])
+    assert "expected torch.uint8" in refused_update([(w, q), (f"{w}_scale_inv", s.float())])
+    # signed zeros and subnormals are values, not refusals
+    tiny = torch.tensor([-0.0, 0.0, 1e-40, -1e-45] * 64).view(1, 256)
+    assert refused_update([("model.norm.weight", tiny)]) is None
+    assert refused_update([(w, q), (f"{w}_scale_inv", s)], scale_name="weight_scale") is not None  # ModelOpt naming

@@ -5,8 +5,8 @@ Per server, in one session: its start on caches of its own (emptied first: a fre
 at each concurrency from SGLang's own ``python -m sglang.bench_serving`` (random token ids of fixed lengths, so every
 request is the same size for both servers), greedy outputs on fixed prompts (MXFP8's read against BF16's, also
 teacher-forced on BF16's tokens), ``/update_weights_from_disk`` timed, and, for MXFP8, the refit-under-load check and
-a refit it must refuse and roll back (with --suite full also refits alternating with a second checkpoint, each
-against a fresh server); then, where asked, a restart on the caches that start left. Rows pair each MXFP8 value with BF16's.
+refits it must refuse, each then requests answered on the weights it served (:mod:`.refusals`; with --suite full also
+refits alternating with a second checkpoint, each against a fresh server); then, where asked, a restart on the caches that start left. Rows pair each MXFP8 value with BF16's.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import requests
 
 from ..flags import MISSION_FLAGS
 from .models import ServedPair, negated
+from .refusals import SERVER_ENV, RefitSequence, quick_steps, summary
 from .rows import Environment, Row, measurement
 
 # the compile caches a server fills, each pointed at a folder of the run's own
@@ -74,7 +75,7 @@ class Session:
     errors: List[str] = field(default_factory=list)  # a routine that failed on this server, and why
     cold_refit_s: Optional[float] = None
     under_load: Optional[dict] = None
-    refused: Optional[dict] = None  # a refit of a weight without its scale: refused, the previous weights kept
+    refused: Optional[dict] = None  # refits it must refuse, then requests (refusals.RefitSequence's result)
     fresh_outputs: Dict[str, list] = field(default_factory=dict)  # checkpoint -> a fresh server's prompt_outputs
     alternating: Optional[dict] = None  # alternating_refits' outputs, and the second checkpoint
     gsm8k: Optional[float] = None
@@ -292,46 +293,9 @@ def refit_under_load(port: int, ckpt: Path, requests_n: int = 32, new_tokens: in
             "in_flight_at_refit": sum(t > refit["sent"] for t in ended), "refit_s": refit.get("seconds")}
 
 
-def write_weight_without_scale(ckpt: Path, folder: Path) -> str:
-    """``folder`` made a checkpoint that an MXFP8 server must refuse to load: ``ckpt``'s config and one quantized weight
-    (an ``o_proj`` where there is one) without its scale tensor. Returns the weight's name."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    candidates = []  # (not an o_proj, name, shard): o_proj first, then by name
-    for shard in sorted(ckpt.glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            names = set(f.keys())
-        candidates += [("o_proj" not in n, n, shard) for n in names
-                       if n.endswith(".weight") and {f"{n}_scale_inv", f"{n}_scale"} & names]
-    if not candidates:
-        raise RuntimeError(f"{ckpt}: no quantized weight with a scale tensor; is it an MXFP8 checkpoint?")
-    _, name, shard = min(candidates)
-    with safe_open(str(shard), "pt") as f:
-        tensor = f.get_tensor(name)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    shutil.copy2(ckpt / "config.json", folder / "config.json")
-    save_file({name: tensor.contiguous()}, str(folder / "model.safetensors"))
-    return name
-
-
 def prompt_outputs(port: int, new_tokens: int = 16) -> list:
     """Greedy token ids on ACCURACY_PROMPTS, sent as one request (the same batch every time)."""
     return [item["output_ids"] for item in generate(port, ACCURACY_PROMPTS, new_tokens)]
-
-
-def refused_refit(port: int, ckpt: Path, folder: Path) -> dict:
-    """``/update_weights_from_disk`` of a checkpoint holding one MXFP8 weight without its scale: the server must answer
-    ``success: false`` naming the layer, and keep serving the previous weights (greedy outputs on fixed prompts equal
-    before and after)."""
-    weight = write_weight_without_scale(ckpt, folder)
-    before = prompt_outputs(port)
-    ok, message = update_weights_from_disk(port, folder)
-    after = prompt_outputs(port)
-    return {"weight": weight, "refused": not ok, "names_layer": weight.rsplit(".", 1)[0] in message,
-            "outputs_kept": sum(a == b for a, b in zip(before, after)), "prompts": len(before), "message": message[:300]}
 
 
 def alternating_refits(port: int, ckpt: Path, other: Path, refits: int) -> dict:
@@ -392,6 +356,8 @@ class Runner:
         # a first start is timed on empty caches of its own; without the start routine they are kept between runs
         folder = (self.work if "start" in self.routines else self.work.parent) / "caches" / name.replace(" ", "_")
         caches = cache_env(folder, fresh="start" in self.routines)
+        if "refit" in self.routines:  # the refusals count torch.compile's recompilations in the log
+            caches.update(SERVER_ENV)
         self.step(f"start {name}")
         server = self._server(name, ckpt, flags, caches)
         s.command = server.cmd
@@ -466,7 +432,8 @@ class Runner:
             s.cold_refit_s = refit_seconds(self.opts.port, ckpt)
         if mx:  # the checks are of MXFP8's in-place refit and its rollback
             s.under_load = refit_under_load(self.opts.port, ckpt)
-            s.refused = refused_refit(self.opts.port, ckpt, self.work / "refused_refit_checkpoint")
+            s.refused = RefitSequence(self.opts.port, {"A": ckpt}, s.log, self.work / "refusals",
+                                      prompt_outputs).run(quick_steps())
         if mx and self.opts.alternating_refits:
             other = negated(ckpt, self.work.parent / "models" /
                             f"{ckpt.name}-negated-{hashlib.sha1(str(ckpt.resolve()).encode()).hexdigest()[:10]}")
@@ -523,8 +490,9 @@ class Runner:
             row("refit", "requests failed during a refit", "requests", "lower", mx.under_load["failed"], None,
                 extra=mx.under_load)
         if mx.refused is not None:
-            kept = mx.refused["outputs_kept"] / mx.refused["prompts"] if mx.refused["refused"] else 0.0
-            row("refit", "outputs kept after a refused refit", "fraction", "higher", kept, None, extra=mx.refused)
+            row("refit", "refits refused, then requests answered", "fraction", "higher",
+                mx.refused["steps_ok"] / mx.refused["steps_sent"], None,
+                extra={**mx.refused, "summary": summary(mx.refused)})
         if mx.alternating is not None and len(mx.fresh_outputs) == 2:
             equal = {k: sum(o == mx.fresh_outputs[k] for o in mx.alternating[k]) for k in ("ckpt", "other")}
             refits = len(mx.alternating["ckpt"]) + len(mx.alternating["other"])

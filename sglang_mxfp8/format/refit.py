@@ -20,12 +20,12 @@ without its weight, cannot be made right from what is in memory and raises
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .numerics import (MX_BLOCK, ScaleRounding, block_exponents, count_shifted, exponents_to_scales, quantize_mxfp8,
-                       shift_to_block_exponents)
+from .numerics import (E8M0_NAN, MX_BLOCK, ScaleRounding, block_exponents, count_shifted, exponents_to_scales,
+                       quantize_mxfp8, shift_to_block_exponents)
 
 _SIG_CHUNK_BYTES = 1 << 24
 _CONVERT_CHUNK_ELEMENTS = 1 << 24  # a whole-weight conversion's step: ~0.4 GB of float32 temporaries at most
@@ -70,6 +70,53 @@ def validate_loaded(weight: torch.Tensor, scale: torch.Tensor, name: str) -> Non
 
 
 FLOAT_WEIGHTS = (torch.bfloat16, torch.float16, torch.float32)  # a trainer's weights, quantized on arrival
+
+
+def refused_update(named: List[Tuple[str, torch.Tensor]], scale_name: str = "weight_scale_inv") -> Optional[str]:
+    """Why a weight update sent as named tensors (SGLang's ``update_weights_from_tensor``) must be refused before any
+    of it is written, or None. A load writes tensor after tensor into the served weights, so a refusal half-way
+    through would serve a mix; everything a post-load check would refuse is checked here first: an e4m3 weight and
+    its UE8M0 scale ``[..., K/32]`` arrive together, float8 weights are e4m3, scale bytes are not NaN (255), e4m3
+    bytes are not NaN, float tensors are finite. The values are read on their device with one host sync."""
+    names = dict(named)
+    problems, flags = [], []
+    for name, t in named:
+        if name.endswith("." + scale_name):
+            weight = names.get(name[: -len(scale_name)] + "weight")
+            if t.dtype != torch.uint8:
+                problems.append(f"{name}: the scale is {t.dtype}, expected torch.uint8 (UE8M0, one byte per "
+                                f"{MX_BLOCK} weights along K)")
+            elif weight is None:
+                problems.append(f"{name}: a scale without its weight {name[: -len(scale_name)]}weight in this "
+                                "update; send each MXFP8 weight with its scale in the same call")
+            else:
+                flags.append((name, "holds NaN scale bytes (255)", (t == E8M0_NAN).any()))
+        elif t.dtype == torch.float8_e4m3fn:
+            scale = names.get(name[: -len("weight")] + scale_name) if name.endswith(".weight") else None
+            if scale is None:
+                problems.append(f"{name}: an e4m3 weight without its scale {name[: -len('weight')]}{scale_name} in "
+                                "this update; send each MXFP8 weight with its scale in the same call")
+            elif scale.dtype == torch.uint8 and (t.shape[-1] % MX_BLOCK
+                                                 or tuple(scale.shape) != (*t.shape[:-1], t.shape[-1] // MX_BLOCK)):
+                problems.append(f"{name}: weight {list(t.shape)} needs a scale of shape {_scale_shape(t.shape)} "
+                                f"(one per {MX_BLOCK} along K), the update has {list(scale.shape)}")
+            else:
+                flags.append((name, "holds NaN e4m3 values", ((t.view(torch.uint8) & 0x7F) == 0x7F).any()))
+        elif t.is_floating_point() and t.element_size() == 1:
+            problems.append(f"{name}: {t.dtype} is not an MXFP8 element type; MXFP8 weights are "
+                            "torch.float8_e4m3fn with a uint8 scale")
+        elif t.dtype in FLOAT_WEIGHTS:
+            flags.append((name, "holds NaN or Inf", ~torch.isfinite(t).all()))
+        if problems:
+            return problems[0]
+    by_device: Dict[torch.device, list] = {}
+    for flag in flags:
+        by_device.setdefault(flag[2].device, []).append(flag)
+    for group in by_device.values():
+        for (name, what, _), bad in zip(group, torch.stack([f for _, _, f in group]).tolist()):
+            if bad:
+                return f"{name}: {what}"
+    return None
 
 
 class LoadTracker:
@@ -127,9 +174,8 @@ class LoadTracker:
                 w, sc = (loaded_weight.shape, other) if kind == "weight" else (other, loaded_weight.shape)
                 if w[-1] % MX_BLOCK or tuple(sc) != (*w[:-1], w[-1] // MX_BLOCK):
                     raise ValueError(
-                        f"{tensor}{_ids([key])}: weight {list(w)} needs a scale of shape "
-                        "[" + ", ".join(f"{d:g}" for d in (*w[:-1], w[-1] / MX_BLOCK)) + f"] (one per {MX_BLOCK} along K), "
-                        f"the checkpoint has {list(sc)}"
+                        f"{tensor}{_ids([key])}: weight {list(w)} needs a scale of shape {_scale_shape(w)} (one per "
+                        f"{MX_BLOCK} along K), the checkpoint has {list(sc)}"
                     )
             return original(p, loaded_weight, *args, **kwargs)
 
@@ -178,6 +224,11 @@ class LoadTracker:
         """Forget recorded loads (also those of a load that raised before its post-processing ran)."""
         for keys in self.seen.values():
             keys.clear()
+
+
+def _scale_shape(weight_shape) -> str:
+    """The scale shape a weight of ``weight_shape`` needs, as '[256, 16]' ('[256, 15.5]' where K is no multiple)."""
+    return "[" + ", ".join(f"{d:g}" for d in (*weight_shape[:-1], weight_shape[-1] / MX_BLOCK)) + "]"
 
 
 def _ids(keys) -> str:

@@ -1,11 +1,14 @@
 """The model's MXFP8 tensors around each load: their storage checked (CUDA graphs keep pointers), post-load
-processing run again after weights arrive other than from disk, and a failed refit from disk rolled back to the
-checkpoint being served."""
+processing run again after weights arrive other than from disk, a failed refit from disk rolled back to the
+checkpoint being served, and torch's global state (what torch.compile guards on) kept across every weight update."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+
+import torch
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -61,27 +64,56 @@ def postprocess_mxfp8_modules(model) -> int:
     return count
 
 
+@contextlib.contextmanager
+def torch_state_kept(what: str):
+    """torch's global state as it was before the block, whatever the block did or raised: torch.compile guards on it
+    (default dtype, grad mode, ...), and a change recompiles SGLang's piecewise CUDA graphs at the next forward, where
+    they cannot be captured. The default dtype and grad mode are put back; any other change is logged by name."""
+    from torch._C._dynamo.guards import GlobalStateGuard
+
+    guard, dtype, grad = GlobalStateGuard(), torch.get_default_dtype(), torch.is_grad_enabled()
+    try:
+        yield
+    finally:
+        if not guard.check():
+            changed = guard.reason().strip()
+            torch.set_default_dtype(dtype)
+            torch.set_grad_enabled(grad)
+            if not guard.check():
+                logger.error("sglang_mxfp8: %s changed torch's global state (%s); torch.compile will recompile the "
+                             "piecewise CUDA graphs", what, guard.reason().strip())
+            else:
+                logger.warning("sglang_mxfp8: %s changed torch's global state (%s); put back", what, changed)
+
+
 def refit_rollback(original):
     """Wrap ``ModelRunner.update_weights_from_disk``: a failed refit reloads the checkpoint being served, and the
-    served checkpoint stays the one a later rollback reloads, whether the refit raised or answered False."""
+    served checkpoint stays the one a later rollback reloads, whether the refit raised or answered False; torch's
+    global state is kept (:func:`torch_state_kept`)."""
 
     @functools.wraps(original)
     def update_weights_from_disk(self, model_path, load_format, *args, **kwargs):
-        served_path, served_format = self.model_config.model_path, model_runner_of(self).server_args.load_format
-        try:
-            ok, message = original(self, model_path, load_format, *args, **kwargs)
-            if not ok:  # refused before loading (no such folder, another loader): nothing was read, and SGLang left
-                self.model_config.model_path = served_path  # the bad path as the one a later rollback re-reads
-            return ok, message
-        except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
-            logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
-            ok, message = original(self, served_path, served_format, *args, **kwargs)
-            if not ok:
-                raise RuntimeError(f"refit from {model_path} failed ({e}) and so did the rollback to "
-                                   f"{served_path} ({message}); the weights in memory are inconsistent") from e
-            return False, f"Failed to update weights: {e}. Rolled back to {served_path}."
+        with torch_state_kept("/update_weights_from_disk"):
+            return _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs)
 
     return update_weights_from_disk
+
+
+def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs):
+    """One refit from disk; on a failure SGLang could not roll back from, the served checkpoint reloaded."""
+    served_path, served_format = self.model_config.model_path, model_runner_of(self).server_args.load_format
+    try:
+        ok, message = original(self, model_path, load_format, *args, **kwargs)
+        if not ok:  # refused before loading (no such folder, another loader): nothing was read, and SGLang left
+            self.model_config.model_path = served_path  # the bad path as the one a later rollback re-reads
+        return ok, message
+    except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
+        logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
+        ok, message = original(self, served_path, served_format, *args, **kwargs)
+        if not ok:
+            raise RuntimeError(f"refit from {model_path} failed ({e}) and so did the rollback to "
+                               f"{served_path} ({message}); the weights in memory are inconsistent") from e
+        return False, f"Failed to update weights: {e}. Rolled back to {served_path}."
 
 
 def model_runner_of(owner):

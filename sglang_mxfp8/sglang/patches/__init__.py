@@ -40,6 +40,7 @@ SERVER_ARGS = ("sglang.srt.server_args",)
 MODEL_CONFIG = ("sglang.srt.configs.model_config",)
 QUANTIZATION = ("sglang.srt.layers.quantization",)
 LOADER = ("sglang.srt.model_loader.loader",)
+LOADER_UTILS = ("sglang.srt.model_loader.utils",)
 MOE_CONFIG = MOVED["moe_config"]
 MODEL_RUNNER = ("sglang.srt.model_executor.model_runner",)
 WEIGHT_UPDATES = tuple(f"{where}.update_weights_from_disk" for where in MOVED["weight_updates"])
@@ -74,6 +75,10 @@ PATCHES = (
           ("sglang.srt.model_loader.loader:DefaultModelLoader.load_weights_and_postprocess",),
           "loader:report_each_load", doc="after each (re)load: what conversion changed, and whether every MXFP8 "
                                          "tensor kept its storage"),
+    Patch("loader_utils.default_dtype_restored", LOADER_UTILS,
+          ("sglang.srt.model_loader.utils:set_default_torch_dtype",), "loader_utils:restore_default_dtype_on_error",
+          doc="a load that raises leaves torch's default dtype as it was (torch.compile guards on it: a refused refit "
+              "must not recompile the piecewise CUDA graphs)"),
     Patch("moe_config.tuned", MOE_CONFIG, tuple(f"{m}:get_moe_configs" for m in MOE_CONFIG),
           "moe_config:use_tuned_configs",
           doc="the Triton fused-MoE tile configs this package measured for the running Triton, where SGLang ships "

@@ -8,16 +8,26 @@ post-processed.
   ``update_weights_from_tensor`` / ``..._distributed`` / ``..._ipc`` (RL weight sync) unless the trainer calls its
   post-processing endpoint, so kernel layouts would go stale. Those calls mark the model; the next
   ``ModelRunner.forward`` (before any CUDA-graph replay) re-runs our idempotent post-processing once for all buckets
-  sent since. From 0.5.17 the weight updates live on ``WeightUpdater``; both patches follow them there.
+  sent since. ``update_weights_from_tensor`` has no rollback in SGLang and a load that raises takes the scheduler
+  down, so an update to an MXFP8 model is checked whole before any tensor is written and refused with
+  ``success: false`` naming the tensor. From 0.5.17 the weight updates live on ``WeightUpdater``; both patches follow
+  them there.
+
+Every weight update keeps torch's global state, which torch.compile guards on (:func:`..weights.torch_state_kept`).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+from typing import Optional
 
+from ...format.refit import refused_update
 from ..compat import sglang_object
 from ..patching import replace, target
-from ..weights import model_runner_of, postprocess_mxfp8_modules, refit_rollback
+from ..weights import model_runner_of, postprocess_mxfp8_modules, refit_rollback, torch_state_kept
+
+logger = logging.getLogger("sglang_mxfp8")
 
 PATCH = "model_runner.tensor_update_postprocess"
 # the ways weights arrive other than from disk, by release
@@ -33,11 +43,66 @@ def roll_back_failed_refits() -> None:
 def _marking(original):
     @functools.wraps(original)
     def update(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
+        with torch_state_kept(original.__name__):
+            result = original(self, *args, **kwargs)
         model_runner_of(self)._sglang_mxfp8_pending = True
         return result
 
     return update
+
+
+def scale_name_of(model) -> Optional[str]:
+    """The checkpoint name of the scales of ``model``'s MXFP8 layers (None: the model has none)."""
+    from ..quant_methods import Mxfp8LinearMethod, Mxfp8MoEMethod
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            return method.quant_config.scale_name
+    return None
+
+
+def _unwrapped(named_tensors, runner) -> list:
+    """The update's tensors on this rank's device, as SGLang's own update unwraps them (taking them again is a no-op)."""
+    import torch
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+    monkey_patch_torch_reductions()  # SGLang's, before any CUDA tensor of another process is opened
+    device = torch.get_device_module(runner.device).current_device()
+    rank = getattr(runner, "tp_rank", 0)
+    return [(name, (t.get(rank) if type(t).__name__ == "LocalSerializedTensor" else t).to(device))
+            for name, t in named_tensors]
+
+
+def _checked_and_marking(original):
+    """``update_weights_from_tensor``: an update to an MXFP8 model checked whole (:func:`refused_update`) before any of
+    it is written; refused, nothing is loaded and the previous weights keep serving. A load that still raises answers
+    ``success: false`` instead of taking the scheduler down."""
+
+    @functools.wraps(original)
+    def update_weights_from_tensor(self, named_tensors, load_format=None, *args, **kwargs):
+        runner = model_runner_of(self)
+        scale_name = scale_name_of(runner.model)
+        if scale_name is None:  # no MXFP8 layer: SGLang's update as shipped
+            return original(self, named_tensors, load_format, *args, **kwargs)
+        with torch_state_kept("update_weights_from_tensor"):
+            if load_format in (None, "direct") and named_tensors:
+                named_tensors = _unwrapped(named_tensors, runner)
+                problem = refused_update(named_tensors, scale_name)
+                if problem is not None:
+                    logger.error("sglang_mxfp8: update_weights_from_tensor refused: %s", problem)
+                    return False, (f"Failed to update weights: {problem}. Nothing of this update was loaded; the "
+                                   "previous weights keep serving.")
+            try:
+                result = original(self, named_tensors, load_format, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - SGLang would let it end the scheduler
+                logger.error("sglang_mxfp8: update_weights_from_tensor failed while loading: %s", e)
+                result = (False, f"Failed to update weights: {e}. Tensors of this update before the failing one may be "
+                                 "loaded; send the whole update again.")
+        runner._sglang_mxfp8_pending = True
+        return result
+
+    return update_weights_from_tensor
 
 
 def _postprocessing_first(original):
@@ -56,7 +121,7 @@ def postprocess_tensor_updates() -> None:
 
     cls = target(model_runner, "ModelRunner", PATCH)
     updates = sglang_object("weight_updates", has="update_weights_from_disk")
-    replace(updates, "update_weights_from_tensor", PATCH, _marking)
+    replace(updates, "update_weights_from_tensor", PATCH, _checked_and_marking)
     for name in OTHER_UPDATES[1:]:
         if hasattr(updates, name):
             replace(updates, name, f"{PATCH}.{name}", _marking)
