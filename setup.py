@@ -2,9 +2,11 @@
 
 SGLang 0.5.10.post1 has no plugin system and starts its scheduler with ``spawn``, so the only way
 a stock ``python -m sglang.launch_server`` runs our code in every process is a startup ``.pth``
-hook. Metadata lives in setup.cfg; this file only adds the hook to both install modes.
+hook. Metadata lives in setup.cfg; this file adds the hook to both install modes, and the ``serve`` extra's SGLang
+range, read from the one place it is written (``sglang_mxfp8/__init__.py``).
 """
 
+import re
 from pathlib import Path
 
 from setuptools import setup
@@ -30,4 +32,12 @@ class EditableWheelWithPth(editable_wheel):
         (Path(installation_dir) / PTH_NAME).write_text(PTH_SOURCE.read_text())
 
 
-setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth})
+def sglang_range() -> str:
+    """``sglang>=OLDEST,<=NEWEST`` from the package's constants, read without importing it."""
+    text = (Path(__file__).parent / "sglang_mxfp8" / "__init__.py").read_text()
+    oldest, newest = re.search(r'^OLDEST_SGLANG, NEWEST_SGLANG = "([^"]+)", "([^"]+)"', text, re.M).groups()
+    return f"sglang>={oldest},<={newest}"
+
+
+setup(cmdclass={"build_py": BuildPyWithPth, "editable_wheel": EditableWheelWithPth},
+      extras_require={"serve": [sglang_range()], "deepgemm": ["sgl-deep-gemm==0.1.5.post1"], "test": ["pytest>=8", "hypothesis>=6.100", "transformers>=4.51"]})

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# The tests, on a fresh machine too (README's test command; .ci/run calls it): a pinned CPU virtual environment
+# The tests, on a fresh machine too (README's test command; .ci/run calls it). A pinned CPU virtual environment
 # (ci/requirements.txt + ci/constraints.txt; SGLang installed with --no-deps so its CUDA torch pin never lands on a
-# CPU machine), built once per requirements hash under ~/.cache/sglang_mxfp8 (PyPI has no CPU-only torch for x86-64
-# Linux, so the venv holds torch 2.14.1 with its CUDA libraries: 7.0 GB), this package installed editable (so its
-# .pth startup hook is live in subprocesses), then pytest with the oldest supported SGLang (0.5.10.post1, in the venv),
-# then the tests that touch SGLang again with the newest (ci/newest.txt, a folder on PYTHONPATH). Each step says what
-# it does and how long it took. A first run on a fresh 2-core machine: 3m42s building the environments (7.0 GB + 0.9 GB),
-# then 13-14 minutes per pytest pass, 30m25s in all; later runs skip the build. Extra arguments go to both pytest runs.
+# CPU machine) is built once per requirements hash under ~/.cache/sglang_mxfp8 (PyPI has no CPU-only torch for x86-64
+# Linux: torch 2.14.1 with its CUDA libraries, 7.0 GB; about 4 minutes), this package is installed editable (its .pth
+# startup hook live in subprocesses), then pytest runs with the oldest supported SGLang (OLDEST_SGLANG of
+# sglang_mxfp8/__init__.py) and the tests marked `sglang` again with the newest (ci/newest.txt, a folder on PYTHONPATH):
+# about 14 minutes per pass on two cores. Each step says what it does and how long it took. Extra arguments go to both
+# pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-KEY=$(cat ci/requirements.txt ci/constraints.txt | sha256sum | cut -c1-12)
+OLDEST=$(sed -n 's/^OLDEST_SGLANG, NEWEST_SGLANG = "\([^"]*\)".*/\1/p' sglang_mxfp8/__init__.py)  # the range's one home
+KEY=$( (cat ci/requirements.txt ci/constraints.txt; echo "$OLDEST") | sha256sum | cut -c1-12)
 VENV=${SGLANG_MXFP8_VENV:-$HOME/.cache/sglang_mxfp8/venv-$KEY}
 NEWEST=$VENV/sglang-newest-$(sha256sum ci/newest.txt | cut -c1-12)
 PIP=(--disable-pip-version-check --progress-bar off)
@@ -27,7 +28,7 @@ if [ ! -f "$VENV/.complete" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install "${PIP[@]}" -r ci/requirements.txt -c ci/constraints.txt |
     { grep -v "^Requirement already" || true; }
-  "$VENV/bin/python" -m pip install "${PIP[@]}" --no-deps sglang==0.5.10.post1
+  "$VENV/bin/python" -m pip install "${PIP[@]}" --no-deps "sglang==$OLDEST"
   touch "$VENV/.complete"
   say "test environment ready ($(du -sh "$VENV" | cut -f1))"
 fi
@@ -53,8 +54,7 @@ run_pytest() {  # pytest's exit status, with "collected nothing" (5) as a failur
 }
 say "all tests, sglang $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))') (one line per file)"
 run_pytest "$VENV/bin/python" -m pytest tests "$@" || rc=$?
-SGLANG_TESTS=$(grep -l "sglang\.bench_serving\|sglang\.srt\|sglang_mxfp8\.sglang\|import sglang\|run_python\|set_server_args\|mxfp8_linear" tests/test_*.py)
 say "tests that touch SGLang, sglang $(PYTHONPATH=$NEWEST "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"
-PYTHONPATH=$NEWEST run_pytest "$VENV/bin/python" -m pytest $SGLANG_TESTS "$@" || rc=$?
+PYTHONPATH=$NEWEST run_pytest "$VENV/bin/python" -m pytest tests -m sglang "$@" || rc=$?
 say "done"
 exit "${rc:-0}"

@@ -5,7 +5,8 @@ Python process. The SGLang integration lives in :mod:`sglang_mxfp8.sglang`.
 """
 
 __version__ = "0.1.0"
-OLDEST_SGLANG, NEWEST_SGLANG = "0.5.10.post1", "0.5.23"  # the releases CI tests; patches probe in between
+# the releases CI tests, patches probe in between: written here only (setup.py, ci/test.sh and the tests read it)
+OLDEST_SGLANG, NEWEST_SGLANG = "0.5.10.post1", "0.5.23"
 SUPPORTED_SGLANG = f"{OLDEST_SGLANG} to {NEWEST_SGLANG}"
 DISABLE_ENV = "SGLANG_MXFP8_DISABLE"
 

@@ -6,15 +6,9 @@ MOE_FLAG = "--moe-runner-backend"
 DENSE_FLAGS = ("auto", "triton", "flashinfer_trtllm", "flashinfer_cutlass")
 MOE_FLAGS = ("auto", "triton", "flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_trtllm_routed", "cutlass")
 # the command our users copy: FlashInfer's dense GEMM and fused MoE on Blackwell, our Hopper kernels under them
-MISSION_FLAGS = f"{DENSE_FLAG} flashinfer_trtllm {MOE_FLAG} flashinfer_cutlass"
+RECOMMENDED_FLAGS = f"{DENSE_FLAG} flashinfer_trtllm {MOE_FLAG} flashinfer_cutlass"
 
 DENSE_HELP = ("dense MXFP8 GEMM backend, as SGLang's flag: auto, flashinfer_trtllm (FlashInfer's GEMM, ours on "
               "Hopper), flashinfer_cutlass (Blackwell), triton")
 MOE_HELP = ("MoE runner backend, as SGLang's flag: auto, flashinfer_cutlass (FlashInfer's fused MoE), triton, "
             "flashinfer_trtllm / flashinfer_trtllm_routed / cutlass (Blackwell, SGLang's own)")
-
-
-def backend_flags(flags: str) -> dict:
-    """{flag: value} of the two backend flags in a launch flag string ('--flag value' or '--flag=value')."""
-    words = flags.replace("=", " ").split()
-    return {flag: value for flag, value in zip(words, words[1:]) if flag in (DENSE_FLAG, MOE_FLAG)}

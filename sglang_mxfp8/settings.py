@@ -9,9 +9,6 @@
   tile config then waits for its compiler).
 - ``SGLANG_MXFP8_COMPILE_JOBS=N``: concurrent nvcc processes for the kernels compiled while the model loads
   (default: one per CPU; 0: leave them to FlashInfer, which compiles one after another).
-
-The per-kernel switches of 0.1 (``SGLANG_MXFP8_GEMV=0`` ...) still work for this release, each with a
-deprecation warning naming its replacement.
 """
 
 from __future__ import annotations
@@ -31,20 +28,6 @@ ENABLED_KERNELS_ENV = "SGLANG_MXFP8_ENABLED_KERNELS"
 PRECOMPILE_ENV = "SGLANG_MXFP8_PRECOMPILE"
 COMPILE_JOBS_ENV = "SGLANG_MXFP8_COMPILE_JOBS"
 
-# Deprecated switch -> {value it was set to: kernels that value disables}. "precompile" stands for PRECOMPILE_ENV=0.
-DEPRECATED: Mapping[str, Mapping[bool, Tuple[str, ...]]] = {
-    "SGLANG_MXFP8_GEMV": {False: ("gemv",)},
-    "SGLANG_MXFP8_MOE_GEMV": {False: ("moe_gemv",)},
-    "SGLANG_MXFP8_WEIGHT_ONLY": {False: ("weight_only",)},
-    "SGLANG_MXFP8_CUBLAS_PREFILL": {False: ("cublas",), True: ("deepgemm",)},  # =1 preferred cuBLAS over DeepGEMM
-    "SGLANG_MXFP8_DEEPGEMM_PREFILL_DENSE": {False: ("deepgemm",)},
-    "SGLANG_MXFP8_DEEPGEMM_PREFILL_MOE": {False: ("deepgemm_moe",)},
-    "SGLANG_MXFP8_CUTLASS_PREFILL_MOE": {False: ("cutlass_moe",)},
-    "SGLANG_MXFP8_FLASHINFER_PRECOMPILE": {False: ("precompile",)},
-    "SGLANG_MXFP8_DEEPGEMM_PRECOMPILE": {False: ("precompile",)},
-}
-
-
 @dataclass(frozen=True)
 class Settings:
     disabled: bool = False
@@ -52,25 +35,13 @@ class Settings:
     enabled_kernels: FrozenSet[str] = frozenset()  # opt-in kernels allowed
     precompile: bool = True
     compile_jobs: Optional[int] = None  # None: one per CPU
-    warnings: Tuple[str, ...] = field(default=(), compare=False)  # one per deprecated or unusable switch
+    warnings: Tuple[str, ...] = field(default=(), compare=False)  # one per unusable switch
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Settings":
         kernels = _names(env.get(DISABLED_KERNELS_ENV, ""))
         precompile = parse_switch(env.get(PRECOMPILE_ENV)) is not False
         notes = []
-        for name, meaning in DEPRECATED.items():
-            value = parse_switch(env.get(name))
-            if value is None or value not in meaning:
-                continue
-            off = meaning[value]
-            if off == ("precompile",):
-                precompile = False
-                instead = f"{PRECOMPILE_ENV}=0 (it now turns off every load-time compile)"
-            else:
-                kernels.update(off)
-                instead = f"{DISABLED_KERNELS_ENV}={','.join(off)}"
-            notes.append(f"{name}={env[name]} is deprecated and will be removed in the next release; use {instead}")
         jobs = env.get(COMPILE_JOBS_ENV, "").strip()
         if jobs and not jobs.isdigit():
             notes.append(f"{COMPILE_JOBS_ENV}={jobs!r} is not a number of processes (0, 1, 2, ...); using one per CPU")

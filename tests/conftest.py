@@ -43,7 +43,7 @@ def run_python(code: str, env_extra=None, timeout=240) -> subprocess.CompletedPr
     )
 
 
-def tests_importable() -> dict:
+def importable_tests_env() -> dict:
     """The environment entry that lets a run_python interpreter import conftest, keeping the PYTHONPATH it has (where
     ci/test.sh puts the newest SGLang)."""
     return {"PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO / "tests")) if p)}

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from sglang_mxfp8.bench import report, rows
-from sglang_mxfp8.flags import MISSION_FLAGS
+from sglang_mxfp8.flags import RECOMMENDED_FLAGS
+
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -27,7 +29,7 @@ def env(run="r1", gpu="NVIDIA H100 80GB HBM3"):
 
 def test_a_rows_ratio_is_mxfp8s_advantage_either_way():
     t = rows.measurement(env(), "layers", "layer time", "s", "--all-kernels", "us", "lower", 50.0, 100.0, tokens=16)
-    s = rows.measurement(env(), "serve", "output throughput", "s", MISSION_FLAGS, "tok/s", "higher", 150.0, 100.0,
+    s = rows.measurement(env(), "serve", "output throughput", "s", RECOMMENDED_FLAGS, "tok/s", "higher", 150.0, 100.0,
                          concurrency=16)
     assert (t.ratio, s.ratio) == (2.0, 1.5)
     assert rows.measurement(env(), "accuracy", "identical greedy sequences", "s", "", "fraction", "higher", 0.5,
@@ -64,7 +66,7 @@ def _served(run, time_, c_ratios, gpu="NVIDIA H100 80GB HBM3"):
     out = []
     for c, (mx, bf) in c_ratios.items():
         r = rows.measurement(env(run, gpu), "serve", "output throughput", "qwen3-30b-a3b-shaped 16 layers",
-                             MISSION_FLAGS, "tok/s", "higher", mx, bf, concurrency=c)
+                             RECOMMENDED_FLAGS, "tok/s", "higher", mx, bf, concurrency=c)
         out.append({**asdict(r), "time": time_})
     return out
 
@@ -76,7 +78,7 @@ def test_current_md_keeps_each_figures_newest_run_and_says_how_to_reproduce_it()
     line = next(x for x in text.splitlines() if x.startswith("| output throughput"))
     assert "1.30x / 1.40x at c1 / c16" in line and "| H100 | 2026-12-06 | [1] |" in line and "1.00x" not in text
     assert "1. `sglang-mxfp8 bench --suite quick` on NVIDIA H100 80GB HBM3 (torch 2.11.0; commit abc)" in text
-    assert "Served by the mission's command, qwen3-30b-a3b-shaped 16 layers model: 1.30x / 1.40x BF16's output tok/s " \
+    assert "Served by the recommended command, qwen3-30b-a3b-shaped 16 layers model: 1.30x / 1.40x BF16's output tok/s " \
            "at concurrency 1 / 16 (H100, 2026-12-06)." in report.render_readme_block(old + new)
 
 
@@ -103,6 +105,15 @@ def test_committed_reports_are_what_the_committed_rows_give():
     assert report.check(ROOT, rows.load(RESULTS)) == []
 
 
+def test_report_check_says_what_it_checked():
+    """``bench report --check`` on the committed rows: exit 0 with one line naming what it compared."""
+    p = _cli("bench", "report", "--check")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = [line for line in p.stdout.splitlines() if not line.startswith("RC ")]
+    assert len(lines) == 1 and lines[0].startswith("bench report --check: benchmarks/CURRENT.md, README's speed "
+                                                   "paragraph and kernel table are what the ") and p.stderr == ""
+
+
 def test_every_registry_citation_is_a_committed_row():
     from sglang_mxfp8.kernels import registry
 
@@ -117,20 +128,23 @@ def test_suites_cover_every_routine_and_quick_stays_small():
     assert set(ROUTINES) == set(rows.ROUTINES)
     assert set(SUITES["quick"].routines) == set(SUITES["full"].routines) == set(ROUTINES) - {"routing"}
     quick, full = SUITES["quick"], SUITES["full"]
-    assert quick.serve.concurrency == (1, 16, 128) and quick.serve.mx_flags == (MISSION_FLAGS,)
+    assert quick.serve.concurrency == (1, 16, 128) and quick.serve.mx_flags == (RECOMMENDED_FLAGS,)
     assert quick.tests and full.tests is None and full.layers.sets == ("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")
     assert not quick.serve.restart and full.serve.restart and full.serve.gsm8k_questions == 1319
 
 
 def test_the_smoke_subset_names_gpu_tests_that_exist_in_every_gpu_test_file():
     """Each term of the quick suite's -k expression selects a test of tests/gpu, and every GPU test file has one
-    selected: a renamed test or file must not drop out of the smoke subset unnoticed."""
+    selected, but those that start servers, whose short version a routine runs: a renamed test or file must not drop
+    out of the smoke subset unnoticed."""
     import ast
 
-    from sglang_mxfp8.bench.run import SMOKE_TESTS
+    from sglang_mxfp8.bench.run import ROUTINES, SERVED_TESTS, SMOKE_TESTS
 
+    files = sorted((ROOT / "tests" / "gpu").glob("test_*.py"))
+    assert set(SERVED_TESTS) <= {f.name for f in files} and set(SERVED_TESTS.values()) <= set(ROUTINES)
     tests = {f.name: [n.name for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.FunctionDef)
-                      and n.name.startswith("test_")] for f in sorted((ROOT / "tests" / "gpu").glob("test_*.py"))}
+                      and n.name.startswith("test_")] for f in files if f.name not in SERVED_TESTS}
     terms = SMOKE_TESTS.split(" or ")
     assert len(tests) >= 3 and len(terms) >= 5
     for term in terms:
@@ -152,7 +166,7 @@ def test_dry_run_lists_each_step_without_torch_or_a_gpu(tmp_path):
     out = p.stdout
     assert "[1] model" in out and "[2] servers" in out and "[3] layers" in out and "[4] tests" in out
     assert "--dataset-name random-ids --tokenize-prompt" in out and "--max-concurrency 128" in out
-    assert f"launch: python -m sglang.launch_server --model-path CKPT --port 30700 --attention-backend triton" in out
+    assert "launch: python -m sglang.launch_server --model-path CKPT --port 30700 --attention-backend triton" in out
     assert out.strip().endswith("RC 0 TORCH False SGLANG False")
 
 
@@ -270,7 +284,7 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     by = {(r.metric, r.concurrency): r for r in recorded}
     throughput = by[("output throughput", 4)]
     assert throughput.mxfp8 > 0 and throughput.bf16 > 0
-    assert throughput.flags == f"{MISSION_FLAGS} --enable-return-routed-experts"  # what every server ran with
+    assert throughput.flags == f"{RECOMMENDED_FLAGS} --enable-return-routed-experts"  # what every server ran with
     assert "--dataset-name random-ids" in throughput.extra["load"] and throughput.extra["prompts"] == 8
     assert by[("decode latency, batch 1", 1)].mxfp8 > 0 and by[("first start", None)].bf16 > 0
     warm = by[("refit from disk, page cache warm", None)]

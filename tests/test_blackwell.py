@@ -5,12 +5,13 @@ import inspect
 import pytest
 import torch
 
-from sglang_mxfp8.format import layouts
+from sglang_mxfp8.layouts import blackwell as layouts
 from sglang_mxfp8.format.numerics import dequantize_mxfp8, quantize_mxfp8
-from sglang_mxfp8.format.refit import PartialReloadError
+from sglang_mxfp8.layouts.fingerprints import PartialReloadError
 from sglang_mxfp8.kernels.base import LayerState, LinearSpec
 from sglang_mxfp8.kernels.linear.flashinfer_sm100 import FlashInferCutlassMxfp8, FlashInferTrtllmMxfp8
-from sglang_mxfp8.ops.flashinfer_sm100 import CutlassMoeScales, require_mxfp8_quantize_kernel
+from sglang_mxfp8.layouts.blackwell import CutlassMoeScales
+from sglang_mxfp8.ops.flashinfer_sm100 import require_mxfp8_quantize_kernel
 
 flashinfer = pytest.importorskip("flashinfer")
 

@@ -10,6 +10,8 @@ import pytest
 from conftest import MILES_QUANT, write_config
 from sglang_mxfp8.format.checkpoint import CheckpointError, detect_mxfp8
 
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
+
 
 @pytest.mark.parametrize("field,value", [("weight_block_size", [128, 128]), ("weight_block_size", [1, 16]),
                                          ("fmt", "e5m2"), ("scale_fmt", "fp32"), ("activation_scheme", "static")])

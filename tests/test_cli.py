@@ -12,6 +12,8 @@ import pytest
 
 from conftest import run_python
 
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "sglang", "flashinfer", "triton")
 
@@ -92,12 +94,15 @@ def test_converted_checkpoints_follow_the_umask(tmp_path, umask, files, folder):
 
     write_qwen3_moe(tmp_path / "bf16")
     code = (f"import os; os.umask({umask})\nfrom sglang_mxfp8.format.convert import convert\n"
+            "from sglang_mxfp8.cli.tiny_model import write_qwen3_moe\n"
+            f"write_qwen3_moe({str(tmp_path / 'demo-bf16')!r})\n"
             f"convert({str(tmp_path / 'bf16')!r}, {str(tmp_path / 'mx')!r}, progress=False)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert stat.S_IMODE((tmp_path / "mx").stat().st_mode) == folder
-    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "mx").iterdir()}
-    assert modes and set(modes.values()) == {files}, modes
+    for written in ("mx", "demo-bf16"):  # the converter's output and the demo's BF16 model
+        assert stat.S_IMODE((tmp_path / written).stat().st_mode) == folder
+        modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / written).iterdir()}
+        assert modes and set(modes.values()) == {files}, (written, modes)
 
 
 @pytest.mark.parametrize("keep", [False, True])

@@ -2,6 +2,8 @@
 
 import json
 import re
+import shutil
+from importlib.metadata import version
 
 import pytest
 import torch
@@ -11,6 +13,8 @@ from conftest import doctor_plans, run_python
 from sglang_mxfp8.cli import main as cli
 from sglang_mxfp8.format.convert import ConvertError, convert, validate
 from sglang_mxfp8.format.numerics import dequantize_mxfp8, quantize_mxfp8
+
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +84,8 @@ def test_config_loads_through_sglang(hf_llama, tmp_path):
 
 def test_refuses_overwrite_and_bad_input(hf_llama, tmp_path):
     dst = tmp_path / "out"
+    with pytest.raises(ConvertError, match=r"config.json is a file; pass the checkpoint's folder"):
+        convert(hf_llama / "config.json", dst, progress=False)
     convert(hf_llama, dst, progress=False)
     with pytest.raises(ConvertError, match="--force"):
         convert(hf_llama, dst, progress=False)
@@ -147,9 +153,12 @@ def test_doctor_checks_the_checkpoint_without_a_gpu(hf_llama, tmp_path, capsys, 
     assert cli(["doctor", "--model", str(tmp_path / "missing")]) == 1
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"{tmp_path / 'missing'}: no such folder; pass the checkpoint's folder (config.json and *.safetensors)")
+    refusal = (f"{hf_llama}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8); convert it first "
+               "with `sglang-mxfp8 convert`")
     assert cli(["doctor", "--model", str(hf_llama)]) == 1  # the BF16 original
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        f"{hf_llama}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8)")
+    assert capsys.readouterr().out.splitlines()[-1] == refusal
+    assert cli(["build", "--model", str(hf_llama), "--gpu", "h200"]) == 2  # refused before anything compiles
+    assert capsys.readouterr().err.splitlines() == [f"sglang-mxfp8 build: {refusal}"]
 
 
 def test_doctor_names_the_dense_prefill_kernel(tmp_path, capsys, monkeypatch):
@@ -245,14 +254,26 @@ def test_force_replaces_an_earlier_conversion_only(hf_llama, tmp_path):
     other = tmp_path / "notes"
     other.mkdir()
     (other / "keep.txt").write_text("mine")
-    with pytest.raises(ConvertError, match="holds files sglang_mxfp8 did not write"):
-        convert(hf_llama, other, force=True, progress=False)
+    for force in (False, True):  # said at once, whether --force was given or not
+        with pytest.raises(ConvertError, match="is not an earlier conversion"):
+            convert(hf_llama, other, force=force, progress=False)
     assert (other / "keep.txt").read_text() == "mine" and len(list(other.iterdir())) == 1
     dst = tmp_path / "mx"
     convert(hf_llama, dst, progress=False)
-    (dst / "stale.bin").write_text("from the earlier conversion's folder")
+    with pytest.raises(ConvertError, match="holds an earlier conversion; pass --force to replace it"):
+        convert(hf_llama, dst, progress=False)
+    (dst / "notes.txt").write_text("the user's")
+    (dst / "sub").mkdir()
+    (dst / "sub" / "eval.json").write_text("{}")
+    before = _snapshot(tmp_path)
+    with pytest.raises(ConvertError, match=r"files sglang_mxfp8 did not write \(notes.txt, sub/\); --force replaces "
+                                           "only what a conversion wrote"):
+        convert(hf_llama, dst, force=True, progress=False)
+    assert cli(["convert", str(hf_llama), str(dst), "--force"]) == 2 and _snapshot(tmp_path) == before
+    (dst / "notes.txt").unlink()
+    shutil.rmtree(dst / "sub")
     convert(hf_llama, dst, force=True, progress=False)
-    assert not (dst / "stale.bin").exists() and validate(dst) == 14
+    assert validate(dst) == 14
     assert json.loads((dst / "mxfp8_conversion.json").read_text())["source"] == str(hf_llama.resolve())
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
 
@@ -389,7 +410,7 @@ def test_force_never_replaces_a_folder_that_is_not_an_earlier_conversion(hf_llam
     elif holding == "a link to an earlier conversion's marker":
         marker.symlink_to(earlier / "mxfp8_conversion.json")
     before = _snapshot(tmp_path)
-    with pytest.raises(ConvertError, match="holds files sglang_mxfp8 did not write"):
+    with pytest.raises(ConvertError, match="is not an earlier conversion"):
         convert(hf_llama, dst, force=True, progress=False)
     assert cli(["convert", str(hf_llama), str(dst), "--force"]) == 2
     assert _snapshot(tmp_path) == before  # nothing deleted, nothing written
@@ -484,6 +505,10 @@ def test_keep_bf16_leaves_the_chosen_layers_as_they_were_and_sglang_serves_them_
     (["model.layers.7"], "--keep-bf16 model.layers.7: matches no tensor of the checkpoint"),
     (["first:x"], "--keep-bf16 first:x: needs N >= 0"),
     (["first:1", "lm_heads"], "--keep-bf16 lm_heads: matches no tensor"),
+    (["first:2", "lm_heads"], "--keep-bf16 lm_heads: matches no tensor"),  # whatever a first:N before it expands to
+    (["lm_heads", "first:2"], "--keep-bf16 lm_heads: matches no tensor"),
+    (["first:99"], "--keep-bf16 first:99 keeps every layer the converter would quantize"),
+    (["last:1", "model.layers.0"], "--keep-bf16 last:1 model.layers.0 keeps every layer the converter would quantize"),
 ])
 def test_keep_bf16_refuses_what_sglang_cannot_serve_and_writes_nothing(hf_llama, tmp_path, patterns, message):
     with pytest.raises(ConvertError, match=re.escape(message)):
@@ -505,3 +530,16 @@ def test_keep_bf16_takes_a_moe_layers_experts_all_or_none(tmp_path):
                                                       for e in range(8) for p in ("gate_proj", "up_proj", "down_proj")}
     assert not any(".layers.1.mlp.experts." in name for name in report.kept)
     assert "model.layers.2.self_attn.q_proj" in kept and "model.layers.1.self_attn.q_proj" not in kept
+
+
+@pytest.mark.parametrize("architecture,warned", [("LlamaForCausalLM", False), ("FooBarForCausalLM", True),
+                                                 ("MambaForCausalLM", True)])
+def test_convert_warns_of_an_architecture_sglang_has_no_class_for(hf_llama, tmp_path, capsys, architecture, warned):
+    src = tmp_path / "src"
+    shutil.copytree(hf_llama, src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
+    assert cli(["convert", str(src), str(tmp_path / "mx")]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert err == ([f"warning: the installed SGLang ({version('sglang')}) has no model class for {architecture}; it "
+                    "may not serve this checkpoint"] if warned else [])

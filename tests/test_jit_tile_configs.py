@@ -17,6 +17,8 @@ import pytest
 from conftest import set_server_args
 from sglang_mxfp8.ops.flashinfer_jit import tile_configs as fs
 
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
+
 H200_SMS = 132
 
 

@@ -19,6 +19,8 @@ from conftest import set_server_args, write_config
 from sglang_mxfp8.sglang import compat
 from sglang_mxfp8.sglang.patches import moe_config as patch
 
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
+
 H200_FP8_BLOCK = "E=128,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
 SGLANG_CONFIG_MODULE = next(path for path in (Path(sglang.__file__).parent.parent / f"{name.replace('.', '/')}.py"
                                              for name in compat.MOVED["moe_config"]) if path.is_file())  # by release

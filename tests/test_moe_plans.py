@@ -18,6 +18,8 @@ from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
 from sglang_mxfp8.ops.deepgemm_sm90 import grouped_precompile_ms
 from sglang_mxfp8.platform import GpuSpec
 
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
+
 QWEN3 = MoeRunnerConfig(num_experts=128, num_local_experts=128, hidden_size=2048, intermediate_size_per_partition=768,
                         top_k=8, params_dtype=torch.bfloat16)
 H200 = GpuSpec("NVIDIA H200", 90)

@@ -5,6 +5,9 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,3 +36,21 @@ def test_hook_is_silent_where_the_package_is_gone(tmp_path):
     here = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); " + code],
                           capture_output=True, text=True, cwd=tmp_path)
     assert here.returncode == 0 and here.stdout.strip() == "True", here.stderr[-2000:]
+
+
+def test_the_supported_sglang_range_is_written_once_and_read_alike_everywhere(tmp_path):
+    """sglang_mxfp8/__init__.py holds the range; the wheel's serve extra, CI's newest release and README say the same,
+    and the CI script reads the oldest from there."""
+    from sglang_mxfp8 import NEWEST_SGLANG, OLDEST_SGLANG
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+                    str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
+    with zipfile.ZipFile(next(tmp_path.glob("sglang_mxfp8-*.whl"))) as z:
+        metadata = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
+    pins = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: sglang")]
+    assert pins == [f'Requires-Dist: sglang<={NEWEST_SGLANG},>={OLDEST_SGLANG}; extra == "serve"'], pins
+    assert f"sglang=={NEWEST_SGLANG}" in (ROOT / "ci/newest.txt").read_text().splitlines()
+    assert f"SGLang, {OLDEST_SGLANG} to {NEWEST_SGLANG}" in (ROOT / "README.md").read_text().replace("\n", " ")
+    script = (ROOT / "ci/test.sh").read_text()
+    assert '"sglang==$OLDEST"' in script and OLDEST_SGLANG not in script
+    assert "sglang" not in (ROOT / "setup.cfg").read_text().split("[options]")[1].split("\n[")[0]

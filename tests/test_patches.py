@@ -13,6 +13,8 @@ import pytest
 
 from conftest import QWEN3_MOE_CONFIG, run_python, write_config
 
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
+
 PREPARE = """
 from sglang.srt.server_args import prepare_server_args
 a = prepare_server_args(['--model-path', {path!r}, '--quantization', 'mxfp8', '--moe-runner-backend', {moe!r},
@@ -480,7 +482,7 @@ from sglang.srt.configs.load_config import LoadConfig
 from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang_mxfp8.sglang import quant_methods, weights
 from sglang_mxfp8.format.numerics import quantize_mxfp8
-from sglang_mxfp8.format.refit import LoadTracker
+from sglang_mxfp8.sglang.loads import LoadTracker
 from sglang_mxfp8.kernels import registry
 from sglang_mxfp8.kernels.base import LinearSpec
 from sglang_mxfp8.platform import GpuSpec
@@ -698,7 +700,7 @@ from sglang.srt.utils import MultiprocessingSerializer, dynamic_import
 from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 from sglang_mxfp8.bench.refusals import SPOILS, spoiled
 from sglang_mxfp8.format.numerics import quantize_mxfp8
-from sglang_mxfp8.format.refit import LoadTracker
+from sglang_mxfp8.sglang.loads import LoadTracker
 from sglang_mxfp8.kernels import registry
 from sglang_mxfp8.kernels.base import LinearSpec
 from sglang_mxfp8.platform import GpuSpec

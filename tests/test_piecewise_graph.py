@@ -6,7 +6,10 @@ Run on the CPU: SGLang's real Mxfp8 linear method on an H200's kernel choice (ou
 kernels, in Triton's interpreter), traced by torch.compile with SGLang's piecewise flag set.
 """
 
-from conftest import run_python, tests_importable
+from conftest import run_python, importable_tests_env
+import pytest
+
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 
 CODE = r"""
 import torch
@@ -54,7 +57,7 @@ for m in (7, 200):  # the weight-only kernel's batch and the W8A8 kernel's
 
 
 def test_linear_layers_trace_as_one_op_each_and_compute_the_eager_result():
-    p = run_python(CODE, {"TRITON_INTERPRET": "1", **tests_importable()}, timeout=600)
+    p = run_python(CODE, {"TRITON_INTERPRET": "1", **importable_tests_env()}, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.strip().splitlines()
     assert lines[0] == "backend triton_w8a8"

@@ -5,9 +5,12 @@ import json
 import pytest
 import torch
 
-from sglang_mxfp8.format import refit
+from sglang_mxfp8.layouts import hopper
 from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, dequantize_mxfp8, quantize_mxfp8
-from sglang_mxfp8.format.refit import BlockScaleConverter, PartialReloadError
+from sglang_mxfp8.layouts.fingerprints import PartialReloadError
+from sglang_mxfp8.layouts.hopper import BlockScaleConverter
+
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 
 
 def _ckpt(seed, groups=2, rows=256, k=320):
@@ -64,7 +67,7 @@ def _reference(q, s, br):
 def test_whole_and_block_by_block_conversions_write_what_the_numerics_do(monkeypatch, br, groups, rows, k, chunk):
     """A whole load (one matrix in steps, steps across group borders) and a partial reload (group by group) give the
     bytes, scales and change count of each group converted from scratch; zero blocks and subnormal results included."""
-    monkeypatch.setattr(refit, "_CONVERT_CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(hopper, "_CONVERT_CHUNK_ELEMENTS", chunk)
     qa, sa = _ckpt(11, groups, rows, k)
     qb, sb = _ckpt(12, groups, rows, k)
     qa.view(torch.uint8)[0, :3] = 0  # all-zero rows: zero sub-blocks, a zero block where br is 1
@@ -169,7 +172,7 @@ def test_load_tracker_refuses_a_weight_loaded_without_its_scale():
     from sglang.srt.layers.parameter import ModelWeightParameter
     from sglang.srt.model_loader.weight_utils import default_weight_loader
 
-    from sglang_mxfp8.format.refit import LoadTracker
+    from sglang_mxfp8.sglang.loads import LoadTracker
 
     w13 = torch.nn.Parameter(torch.zeros(4, 8, 64, dtype=torch.float8_e4m3fn), requires_grad=False)
     s13 = torch.nn.Parameter(torch.zeros(4, 8, 2, dtype=torch.uint8), requires_grad=False)
@@ -234,7 +237,7 @@ def test_a_refit_of_scales_alone_reaches_rows_the_conversion_left_unchanged(br):
 
 def test_load_tracker_checks_every_expert_of_w13_and_w2():
     """A MoE layer's tracker pairs each expert's gate/up (w13: w1, w3) and down (w2) weight with its own scale."""
-    from sglang_mxfp8.format.refit import LoadTracker
+    from sglang_mxfp8.sglang.loads import LoadTracker
 
     params = {}
     for name, shape in (("w13", (4, 16, 64)), ("w2", (4, 64, 32))):
@@ -293,7 +296,7 @@ def bf16_in_equals_convert(tmp_path, rounding, device):
     from sglang.srt.model_loader.weight_utils import default_weight_loader
 
     from sglang_mxfp8.format.convert import convert
-    from sglang_mxfp8.format.refit import LoadTracker
+    from sglang_mxfp8.sglang.loads import LoadTracker
 
     g = torch.Generator().manual_seed(11)
     trainer = {"model.layers.0.mlp.down_proj.weight": (torch.randn(64, 256, generator=g) * 0.05).bfloat16(),
@@ -365,7 +368,7 @@ def _sum_preserving_change(row: torch.Tensor, g: torch.Generator, forbidden=()) 
 
 
 def test_row_fingerprints_tell_apart_rows_whose_bytes_keep_their_sum():
-    from sglang_mxfp8.format.refit import _row_fingerprints
+    from sglang_mxfp8.layouts.fingerprints import row_fingerprints
 
     g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
     for width in (32, 320, 4096):
@@ -374,10 +377,10 @@ def test_row_fingerprints_tell_apart_rows_whose_bytes_keep_their_sum():
         for r in range(changed.shape[0]):
             _sum_preserving_change(changed[r], g)
         assert torch.equal(rows.long().sum(1), changed.long().sum(1))
-        before = _row_fingerprints(rows, torch.empty(200, dtype=torch.int64))
-        after = _row_fingerprints(changed, torch.empty(200, dtype=torch.int64))
+        before = row_fingerprints(rows, torch.empty(200, dtype=torch.int64))
+        after = row_fingerprints(changed, torch.empty(200, dtype=torch.int64))
         assert bool((before != after).all()), int((before == after).sum())
-        assert torch.equal(before, _row_fingerprints(rows.clone(), torch.empty(200, dtype=torch.int64)))
+        assert torch.equal(before, row_fingerprints(rows.clone(), torch.empty(200, dtype=torch.int64)))
 
 
 @pytest.mark.parametrize("br", [1, 128])
@@ -442,9 +445,9 @@ print("STEP again"); weights.check_storage(model)
 def test_the_storage_check_names_a_tensor_that_moved_after_the_first_load(move, name):
     """Every MXFP8 tensor's storage is compared with the first load's, after each load: an in-place refit keeps it
     (info), a parameter, scale or derived tensor given new storage is named (warning), on every later load too."""
-    from conftest import run_python, tests_importable
+    from conftest import run_python, importable_tests_env
 
-    p = run_python(STORAGE.replace("MOVE", move), tests_importable())
+    p = run_python(STORAGE.replace("MOVE", move), importable_tests_env())
     assert p.returncode == 0, p.stderr[-3000:]
     steps, current = {}, None
     for line in p.stdout.splitlines():
@@ -468,7 +471,7 @@ def test_a_tensor_update_is_checked_whole_before_anything_is_written():
     without its scale (or a scale without its weight), a scale of the wrong shape or dtype, a float8 weight not e4m3,
     NaN e4m3 bytes, a NaN scale byte, and NaN or +-Inf in any float tensor; a whole good update passes."""
     from sglang_mxfp8.bench.refusals import SPOILS, spoiled
-    from sglang_mxfp8.format.refit import refused_update
+    from sglang_mxfp8.format.checkpoint import refused_update
 
     g = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
     w = "model.layers.0.mlp.experts.3.down_proj.weight"

@@ -5,6 +5,9 @@ import argparse
 import shlex
 
 from sglang_mxfp8.cli.serving import BASE_FLAGS, RENAMED_FLAGS, for_this_sglang, launch_flags
+import pytest
+
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 
 
 def sglang_reads(argv: list) -> dict:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
+
 PACKAGE = Path(__file__).resolve().parents[1] / "sglang_mxfp8"
 
 # lowest first: a module may import its own layer and the layers before it, never one after
@@ -17,10 +19,11 @@ LAYERS = (
     ("sglang_mxfp8", "sglang_mxfp8.flags", "sglang_mxfp8.settings"),
     ("sglang_mxfp8.platform", "sglang_mxfp8.sglang.compat"),
     ("sglang_mxfp8.format",),
+    ("sglang_mxfp8.layouts",),
     ("sglang_mxfp8.ops",),
     ("sglang_mxfp8.kernels",),
-    ("sglang_mxfp8.sglang.patching", "sglang_mxfp8.sglang.launch", "sglang_mxfp8.sglang.quant_methods",
-     "sglang_mxfp8.sglang.weights"),
+    ("sglang_mxfp8.sglang.patching", "sglang_mxfp8.sglang.launch", "sglang_mxfp8.sglang.loads",
+     "sglang_mxfp8.sglang.quant_methods", "sglang_mxfp8.sglang.weights"),
     ("sglang_mxfp8.sglang.patches", "sglang_mxfp8.sglang.autoload", "sglang_mxfp8.sglang"),
     ("sglang_mxfp8.cli", "sglang_mxfp8.bench"),
 )
@@ -99,7 +102,7 @@ def test_where_things_are_is_readable_from_the_file_names():
                        ".moe_runner_backend"):
             assert reader not in text, f"{module} reads a launch flag ({reader}); sglang/launch.py reads them"
     assert {m.rsplit(".", 1)[1] for m in MODULES if m.startswith("sglang_mxfp8.sglang.patches.")} == {
-        "server_args", "model_config", "quantization", "loader", "moe_config", "model_runner"}
+        "server_args", "model_config", "quantization", "loader", "loader_utils", "moe_config", "model_runner"}
 
 
 def _resolve(target: str):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, dequantize_mxfp8, quantize_mxfp8
-from sglang_mxfp8.format.refit import BlockScaleConverter
+from sglang_mxfp8.layouts.hopper import BlockScaleConverter
 
 
 def _shard(q, s, dim, tp, rank):

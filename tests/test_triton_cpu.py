@@ -8,6 +8,9 @@ path are tested on the H200 (tests/gpu, sglang-mxfp8 bench layers).
 """
 
 from conftest import run_python
+import pytest
+
+pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 
 CODE = r"""
 import torch
@@ -110,7 +113,7 @@ MOE_WEIGHT_ONLY = ALIGN + r"""
 import torch.nn.functional as F
 from sglang_mxfp8.ops import triton_sm90 as th
 from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_mxfp8
-from sglang_mxfp8.format.refit import BlockScaleConverter
+from sglang_mxfp8.layouts.hopper import BlockScaleConverter
 
 torch.manual_seed(2)
 worst = 0.0
@@ -151,7 +154,7 @@ MOE_W8A8 = ALIGN + r"""
 import torch.nn.functional as F
 from sglang_mxfp8.ops import triton_sm90 as th
 from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
-from sglang_mxfp8.format.refit import BlockScaleConverter
+from sglang_mxfp8.layouts.hopper import BlockScaleConverter
 
 def silu_and_mul(u):
     return (F.silu(u[:, :u.shape[1] // 2].float()) * u[:, u.shape[1] // 2:].float()).to(u.dtype)
@@ -233,7 +236,7 @@ import torch
 import torch.nn.functional as F
 from sglang_mxfp8.ops import triton_sm90 as th
 from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
-from sglang_mxfp8.format.refit import BlockScaleConverter
+from sglang_mxfp8.layouts.hopper import BlockScaleConverter
 
 torch.manual_seed(3)
 worst = 0.0

@@ -13,9 +13,12 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import requests
+
+if TYPE_CHECKING:
+    import torch
 
 SERVER_ENV = {"TORCH_LOGS": "recompiles"}
 RECOMPILE_LINE = "Recompiling function"  # what dynamo logs for each recompilation under TORCH_LOGS=recompiles
@@ -141,6 +144,14 @@ def write_folder(ckpt: Path, tensors: dict, folder: Path) -> Path:
     return folder
 
 
+def update_weights_from_disk(port: int, ckpt: Path) -> Tuple[bool, str]:
+    """SGLang's refit endpoint: whether it succeeded, and its answer (HTTP status: message)."""
+    r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_disk", json={"model_path": str(ckpt)}, timeout=900)
+    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    ok = r.status_code == 200 and bool(body.get("success", False))
+    return ok, f"{r.status_code}: {body.get('message', r.text[:200])}"
+
+
 def update_weights_from_tensor(port: int, named: List[Tuple[str, "torch.Tensor"]]) -> Tuple[bool, str]:
     """SGLang's tensor refit endpoint, as a trainer on the same GPU calls it: the named CUDA tensors serialized
     (handles, not data) for rank 0."""
@@ -228,8 +239,6 @@ class RefitSequence:
                 "all_ok": sum(ok) == len(steps) and (not results or results[-1]["recompiles"] == 0)}
 
     def _send(self, step: Step, weight: str, originals: dict, scale_name: str, i: int) -> Tuple[bool, str]:
-        from .served import update_weights_from_disk
-
         if step.what == "missing_folder":
             return update_weights_from_disk(self.port, self.work / f"missing-{i}")
         if not step.refused:

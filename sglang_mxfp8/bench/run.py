@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from ..flags import MISSION_FLAGS
+from ..flags import RECOMMENDED_FLAGS
 from .layers import LayerOptions
 from .served import ROUTING_FLAG, ServeOptions, bench_serving_argv
 
@@ -26,6 +26,8 @@ SMOKE_TESTS = ("test_backend_matches_reference or test_moe_gemv_matches_referenc
                "test_cutlass_grouped_moe_matches_reference or test_triton_bias_and_cuda_graph_replay or "
                "test_the_flag_plans_the_trimmed_module_and_it_builds or test_qwen3_30b_layer_matches_float32_reference "
                "or test_masked or test_bf16_weights_sent_to_a_gpu_layer")
+# GPU test files that start servers, left out of the smoke subset: the routine that runs their short version instead
+SERVED_TESTS = {"test_refused_refits.py": "refit"}
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,10 @@ class Suite:
 
 SUITES = {
     # about 12 minutes on one H100 / H200, most of it the two servers' first starts on empty caches (2-3.5 minutes
-    # each for the 16-layer model on an H100): each server started once, the mission's flags against BF16
+    # each for the 16-layer model on an H100): each server started once, the recommended flags against BF16
     "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 16, SMOKE_TESTS),
     "full": Suite(SUITE_ROUTINES, LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
-                  ServeOptions(prompts={1: 16, 16: 128, 128: 512}, mx_flags=(MISSION_FLAGS,
+                  ServeOptions(prompts={1: 16, 16: 128, 128: 512}, mx_flags=(RECOMMENDED_FLAGS,
                                                                              "--fp8-gemm-backend auto --moe-runner-backend auto"),
                                restart=True, cold_refit=True, gsm8k_questions=1319, alternating_refits=20), 16, None),
 }
@@ -198,7 +200,9 @@ def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progre
         if "refit" in served:
             lines.append(f"  refit: /update_weights_from_disk x{suite.serve.refits}"
                          + (", then with the page cache dropped" if suite.serve.cold_refit else "")
-                         + "; MXFP8: 32 requests in flight during a refit, then a refit it must refuse and roll back"
+                         + "; MXFP8: 32 requests in flight during a refit, then refits it must refuse (a weight "
+                           "without its scale, a scale one column short, BF16 holding a NaN, a missing folder), each "
+                           "followed by requests, and an accepted one"
                          + (f", then {suite.serve.alternating_refits} refits alternating with its weights negated, "
                             "each against a fresh server" if suite.serve.alternating_refits else ""))
 
@@ -234,7 +238,7 @@ def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progre
             gpu_tests(suite.tests, max(60, int(deadline() - time.monotonic())), test_row)
 
         steps.append(Step("tests", 90 if suite.tests else 900, tests,
-                          [f"GPU tests: python -m pytest -q tests/gpu" + (f" -k {shlex.quote(suite.tests)}"
+                          ["GPU tests: python -m pytest -q tests/gpu" + (f" -k {shlex.quote(suite.tests)}"
                                                                            if suite.tests else "")]))
     return steps
 
@@ -324,6 +328,9 @@ def report_main(args) -> int:
         problems = report.check(REPO, data)
         for line in problems:
             print(line, file=sys.stderr)
+        if not problems:
+            print(f"bench report --check: benchmarks/CURRENT.md, README's speed paragraph and kernel table are what "
+                  f"the {len(data)} rows in {folder} and the registry give; no figure typed outside them")
         return 1 if problems else 0
     for path in report.write(REPO, data):
         print(f"bench report: wrote {path} from {len(data)} rows in {folder}")

@@ -30,9 +30,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import requests
 
-from ..flags import MISSION_FLAGS
+from ..flags import RECOMMENDED_FLAGS
 from .models import ServedPair, negated
-from .refusals import SERVER_ENV, RefitSequence, quick_steps, summary
+from .refusals import SERVER_ENV, RefitSequence, quick_steps, summary, update_weights_from_disk
 from .rows import Environment, Row, measurement
 
 # the compile caches a server fills, each pointed at a folder of the run's own
@@ -48,7 +48,7 @@ class ServeOptions:
     prompts: Dict[int, int] = field(default_factory=lambda: {1: 4, 16: 32, 128: 128})  # requests per concurrency
     input_len: int = 1024
     output_len: int = 256
-    mx_flags: Tuple[str, ...] = (MISSION_FLAGS,)
+    mx_flags: Tuple[str, ...] = (RECOMMENDED_FLAGS,)
     server_flags: str = ""  # for every server (e.g. an attention backend this machine has)
     restart: bool = False  # start each server again on the caches its first start left
     cold_refit: bool = False  # also refit with the checkpoint's files out of the page cache
@@ -227,14 +227,6 @@ def drop_page_cache(ckpt: Path) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-def update_weights_from_disk(port: int, ckpt: Path) -> Tuple[bool, str]:
-    """SGLang's refit endpoint: whether it succeeded, and its answer (HTTP status: message)."""
-    r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_disk", json={"model_path": str(ckpt)}, timeout=900)
-    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-    ok = r.status_code == 200 and bool(body.get("success", False))
-    return ok, f"{r.status_code}: {body.get('message', r.text[:200])}"
 
 
 def refit_seconds(port: int, ckpt: Path) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from .. import __version__
@@ -21,6 +22,10 @@ def convert_cmd(args) -> int:
     from ..format.checkpoint import CheckpointError
     from ..format.convert import convert
 
+    unknown = unserved_architectures(Path(args.input))
+    if unknown:
+        print(f"warning: the installed SGLang ({unknown[1]}) has no model class for {', '.join(unknown[0])}; it may "
+              "not serve this checkpoint", file=sys.stderr)
     try:
         r = convert(args.input, args.output, force=args.force, rounding=args.rounding, keep_bf16=args.keep_bf16)
     except CheckpointError as e:
@@ -29,6 +34,21 @@ def convert_cmd(args) -> int:
     print(f"{args.output}: {len(r.quantized)} tensors quantized to MXFP8, {len(r.kept)} kept, {r.shards} shard(s), "
           f"{r.bytes_in / 2**20:.1f} MiB -> {r.bytes_out / 2**20:.1f} MiB")
     return 0
+
+
+def unserved_architectures(ckpt: Path):
+    """(the architectures of ``ckpt``'s config.json the installed SGLang has no class for, its version), or None."""
+    import json
+
+    from ..sglang.compat import sglang_architectures, sglang_version
+
+    known = sglang_architectures()
+    try:
+        wanted = json.loads((ckpt / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    missing = [a for a in wanted if isinstance(a, str) and a not in known] if known else []
+    return (missing, sglang_version()) if missing else None
 
 
 def doctor_cmd(args) -> int:
@@ -89,7 +109,7 @@ def _bench_parser(sub) -> None:
     b.add_argument("--bf16-model", help="the BF16 checkpoint an MXFP8 --model was converted from")
     b.add_argument("--layers", type=_parallel_size, help="layers of the generated model (default: 16)")
     b.add_argument("--mx-flags", action="append", metavar="FLAGS",
-                   help="backend flags of an MXFP8 server (repeatable, one row set each; default: the mission's "
+                   help="backend flags of an MXFP8 server (repeatable, one row set each; default: the recommended "
                         "--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass)")
     b.add_argument("--server-flags", default="", metavar="FLAGS",
                    help="launch flags for every server, BF16 and MXFP8 (e.g. --attention-backend triton)")

@@ -17,7 +17,7 @@ from typing import List
 from ..kernels import registry
 from ..kernels.base import Mxfp8ConfigError, Plan, with_jit_modules
 from ..ops.flashinfer_jit.tile_configs import KernelCompileError
-from .doctor import gpu_from_arg
+from .doctor import gpu_from_arg, not_mxfp8
 
 # streaming multiprocessors of the GPUs --gpu names (the SXM parts; FlashInfer's tile choice depends on the count)
 SMS = {"h100": 132, "h200": 132}
@@ -41,6 +41,10 @@ def build(args) -> int:
 def _build(args) -> int:
     from ..platform import as_on_a_server, multiprocessors, visible_gpu
 
+    problem = not_mxfp8(Path(args.model)) if args.model else None
+    if problem is not None:
+        print(f"sglang-mxfp8 build: {problem}", file=sys.stderr)
+        return 2
     gpu = gpu_from_arg(args.gpu)
     if gpu is None:
         print("sglang-mxfp8 build: no GPU is visible here; name the server's with --gpu h100 or --gpu h200", file=sys.stderr)

@@ -83,18 +83,25 @@ def report(args, gpu: Optional[GpuSpec]) -> int:
         return 1
 
 
+def not_mxfp8(ckpt: Path) -> Optional[str]:
+    """Why ``ckpt`` is no MXFP8 checkpoint folder (one line), or None."""
+    if not ckpt.exists():
+        return f"{ckpt}: no such folder; pass the checkpoint's folder (config.json and *.safetensors)"
+    if not (ckpt / "config.json").is_file():
+        return f"{ckpt}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)"
+    if checkpoint.detect_checkpoint(ckpt) is None:
+        return (f"{ckpt}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8); convert it first with "
+                "`sglang-mxfp8 convert`")
+    return None
+
+
 def checkpoint_report(ckpt: Path, gpu: Optional[GpuSpec], args) -> int:
     """The checkpoint's format and, for ``gpu``, each layer kind's plan; 1 where a layer cannot run."""
-    if not ckpt.exists():
-        print(f"{ckpt}: no such folder; pass the checkpoint's folder (config.json and *.safetensors)")
-        return 1
-    if not (ckpt / "config.json").is_file():
-        print(f"{ckpt}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)")
+    problem = not_mxfp8(ckpt)
+    if problem is not None:
+        print(problem)
         return 1
     fmt = checkpoint.detect_checkpoint(ckpt)
-    if fmt is None:
-        print(f"{ckpt}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8)")
-        return 1
     flavor = "ModelOpt" if fmt.flavor == checkpoint.MODELOPT else "SGLang/miles"
     print(f"checkpoint: {ckpt} ({flavor} MXFP8, scales '{fmt.scale_name}', {len(fmt.ignored)} modules kept unquantized)")
     if gpu is None:  # the checkpoint is checked; which kernel each layer gets depends on the GPU

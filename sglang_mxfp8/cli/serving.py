@@ -26,12 +26,6 @@ RENAMED_FLAGS = {"--disable-piecewise-cuda-graph": "--disable-prefill-cuda-graph
 PROMPTS = [[1, 17 + i, 300 + 7 * i, 42, 999 - i, 5, 77 + 3 * i, 512] for i in range(8)]
 
 
-def divergence(seq: dict, ref: dict) -> tuple:
-    """(first position where the greedy tokens differ, or None; max logprob difference before it)."""
-    n = next((i for i, (p, q) in enumerate(zip(seq["ids"], ref["ids"])) if p != q), None)
-    return n, max([0.0] + [abs(p - q) for p, q in zip(seq["logprobs"][:n], ref["logprobs"][:n])])
-
-
 def launch_flags(base: str, flags: str) -> list:
     """``base`` then ``flags`` as arguments, less each base flag (with its values) that ``flags`` gives again (SGLang
     takes the last of a repeated flag) or turns off (TURNS_OFF): the command printed is the one SGLang reads."""

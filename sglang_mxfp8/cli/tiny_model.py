@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ..format.convert import follow_umask
+
 
 def qwen3_moe_config(hidden=256, moe_intermediate=128, experts=8, top_k=2, layers=2, heads=4, kv_heads=2,
                      head_dim=64, vocab=1024) -> dict:
@@ -85,4 +87,5 @@ def write_qwen3_moe(out: str | Path, seed: int = 0, std: float = 0.05, tokenizer
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     if tokenizer:
         write_tokenizer(out, vocab)
+    follow_umask(out)  # safetensors writes its files owner-only
     return out

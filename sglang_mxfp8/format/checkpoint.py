@@ -1,4 +1,5 @@
-"""Recognise MXFP8 checkpoints from their quantization config (no torch, no sglang).
+"""Recognise MXFP8 checkpoints from their quantization config, and refuse tensors an MXFP8 checkpoint cannot hold
+(no sglang; torch only inside the checks of tensors).
 
 Two formats are MXFP8:
 - SGLang / miles: ``quantization_config = {quant_method: mxfp8, fmt: e4m3, weight_block_size: [1, 32],
@@ -15,10 +16,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import error_line
 
+if TYPE_CHECKING:
+    import torch
+
+MX_BLOCK = 32  # elements along K per UE8M0 scale byte (OCP MX v1.0)
+E8M0_NAN = 255  # the UE8M0 byte that means NaN
 MILES = "mxfp8"
 MODELOPT = "modelopt"
 SCALE_NAME = {MILES: "weight_scale_inv", MODELOPT: "weight_scale"}
@@ -115,3 +121,84 @@ def has_experts(model_dir: str | Path) -> bool:
         return False
     cfg = read_json(cfg_path)
     return any((c or {}).get(k) for c in (cfg, cfg.get("text_config")) for k in MOE_KEYS)
+
+
+
+def validate_loaded(weight: "torch.Tensor", scale: "torch.Tensor", name: str) -> None:
+    """Refuse checkpoint data that would compute garbage silently: NaN weights or scales, missing scales.
+
+    A missing scale tensor leaves SGLang's zero-initialised bytes (2**-127) under real weights.
+    """
+    import torch
+
+    rows, k = weight.shape[-2:]
+    w = weight.reshape(-1, k).view(torch.uint8)
+    s = scale.reshape(-1, k // MX_BLOCK)
+    if bool(torch.any(s == 255)):
+        row = int((s == 255).any(dim=1).nonzero()[0])
+        raise ValueError(f"{name}: scale row {row} holds NaN (0xFF): the checkpoint has non-finite values there")
+    if bool(torch.any((w & 0x7F) == 0x7F)):
+        row = int(((w & 0x7F) == 0x7F).any(dim=1).nonzero()[0])
+        raise ValueError(f"{name}: weight row {row} holds NaN e4m3 values; fix the checkpoint")
+    nonzero_blocks = (w & 0x7F).reshape(w.shape[0], -1, MX_BLOCK).amax(-1) > 0
+    if bool(torch.any((s == 0) & nonzero_blocks)):
+        row = int(((s == 0) & nonzero_blocks).any(dim=1).nonzero()[0])
+        raise ValueError(
+            f"{name}: scale row {row} is zero under nonzero weights, as if its scale tensor was never loaded; "
+            "check that the checkpoint has a weight_scale_inv (uint8 [N, K/32]) for this weight"
+        )
+
+
+def refused_update(named: List[Tuple[str, torch.Tensor]], scale_name: str = "weight_scale_inv") -> Optional[str]:
+    """Why a weight update sent as named tensors (SGLang's ``update_weights_from_tensor``) must be refused before any
+    of it is written, or None. A load writes tensor after tensor into the served weights, so a refusal half-way
+    through would serve a mix; everything a post-load check would refuse is checked here first: an e4m3 weight and
+    its UE8M0 scale ``[..., K/32]`` arrive together, float8 weights are e4m3, scale bytes are not NaN (255), e4m3
+    bytes are not NaN, float tensors are finite. The values are read on their device with one host sync."""
+    import torch
+
+    names = dict(named)
+    problems, flags = [], []
+    for name, t in named:
+        if name.endswith("." + scale_name):
+            weight = names.get(name[: -len(scale_name)] + "weight")
+            if t.dtype != torch.uint8:
+                problems.append(f"{name}: the scale is {t.dtype}, expected torch.uint8 (UE8M0, one byte per "
+                                f"{MX_BLOCK} weights along K)")
+            elif weight is None:
+                problems.append(f"{name}: a scale without its weight {name[: -len(scale_name)]}weight in this "
+                                "update; send each MXFP8 weight with its scale in the same call")
+            else:
+                flags.append((name, "holds NaN scale bytes (255)", (t == E8M0_NAN).any()))
+        elif t.dtype == torch.float8_e4m3fn:
+            scale = names.get(name[: -len("weight")] + scale_name) if name.endswith(".weight") else None
+            if scale is None:
+                problems.append(f"{name}: an e4m3 weight without its scale {name[: -len('weight')]}{scale_name} in "
+                                "this update; send each MXFP8 weight with its scale in the same call")
+            elif scale.dtype == torch.uint8 and (t.shape[-1] % MX_BLOCK
+                                                 or tuple(scale.shape) != (*t.shape[:-1], t.shape[-1] // MX_BLOCK)):
+                problems.append(f"{name}: weight {list(t.shape)} needs a scale of shape {scale_shape(t.shape)} "
+                                f"(one per {MX_BLOCK} along K), the update has {list(scale.shape)}")
+            else:
+                flags.append((name, "holds NaN e4m3 values", ((t.view(torch.uint8) & 0x7F) == 0x7F).any()))
+        elif t.is_floating_point() and t.element_size() == 1:
+            problems.append(f"{name}: {t.dtype} is not an MXFP8 element type; MXFP8 weights are "
+                            "torch.float8_e4m3fn with a uint8 scale")
+        elif t.is_floating_point():
+            flags.append((name, "holds NaN or Inf", ~torch.isfinite(t).all()))
+        if problems:
+            return problems[0]
+    by_device: Dict[torch.device, list] = {}
+    for flag in flags:
+        by_device.setdefault(flag[2].device, []).append(flag)
+    for group in by_device.values():
+        for (name, what, _), bad in zip(group, torch.stack([f for _, _, f in group]).tolist()):
+            if bad:
+                return f"{name}: {what}"
+    return None
+
+
+def scale_shape(weight_shape) -> str:
+    """The scale shape a weight of ``weight_shape`` needs, as '[256, 16]' ('[256, 15.5]' where K is no multiple)."""
+    return "[" + ", ".join(f"{d:g}" for d in (*weight_shape[:-1], weight_shape[-1] / MX_BLOCK)) + "]"
+

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 from safetensors import safe_open
@@ -77,12 +77,12 @@ class KeepBf16:
                 layers = range(n) if kind == "first" else range(num_layers - n, num_layers)
                 globs += [f"{prefix}.{i}" for prefix in prefixes for i in layers]
             else:
-                globs.append(pattern.rstrip("."))
+                glob = pattern.rstrip(".")
+                if not any(self._match(n, (glob,)) for n in names):
+                    raise ConvertError(f"--keep-bf16 {pattern}: matches no tensor of the checkpoint")
+                globs.append(glob)
         self.globs = tuple(globs)
         self.patterns = tuple(patterns)
-        unmatched = [p for p, g in zip(patterns, globs) if ":" not in p and not any(self._match(n, (g,)) for n in names)]
-        if unmatched:
-            raise ConvertError(f"--keep-bf16 {unmatched[0]}: matches no tensor of the checkpoint")
 
     @staticmethod
     def _match(name: str, globs: Sequence[str]) -> bool:
@@ -100,6 +100,9 @@ class KeepBf16:
         kept, quantized = set(), set()
         for name in quantizable:
             (kept if self.keeps(name) else quantized).add(name.rsplit(".", 1)[0])
+        if kept and not quantized:
+            raise ConvertError(f"--keep-bf16 {' '.join(self.patterns)} keeps every layer the converter would quantize "
+                               f"({len(kept)} modules): nothing would be MXFP8; keep fewer layers")
         for module in sorted(kept):
             parent, leaf = module.rsplit(".", 1) if "." in module else ("", module)
             if ".experts." in module:
@@ -182,24 +185,34 @@ def _check_output(src: Path, dst: Path, force: bool) -> None:
     if d.exists() and not d.is_dir():
         raise ConvertError(f"{dst} exists and is not a folder; choose a new or empty folder")
     if d.is_dir() and any(d.iterdir()):
+        written = _written_by_us(d)
+        if written is None:
+            raise ConvertError(f"{dst} exists, is not empty and is not an earlier conversion (no {MARKER} of ours); "
+                               "choose a new or empty folder")
         if not force:
-            raise ConvertError(f"{dst} exists and is not empty; pass --force to replace an earlier conversion there")
-        if not _written_by_us(d):
-            raise ConvertError(f"{dst} holds files sglang_mxfp8 did not write (no {MARKER} of ours); --force replaces "
-                               "only an earlier conversion: choose a new or empty folder")
+            raise ConvertError(f"{dst} holds an earlier conversion; pass --force to replace it")
+        foreign = sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in d.iterdir()
+                         if p.name not in written)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise ConvertError(f"{dst} holds an earlier conversion and files sglang_mxfp8 did not write ({shown}); "
+                               "--force replaces only what a conversion wrote: move them or choose another folder")
 
 
-def _written_by_us(folder: Path) -> bool:
-    """Whether ``folder`` is an earlier conversion: its own marker file (not a link, not in a subfolder) as convert
-    writes it."""
+def _written_by_us(folder: Path) -> Optional[set]:
+    """The file names an earlier conversion in ``folder`` wrote (its marker included), from its own marker file (not a
+    link, not in a subfolder) as convert writes it; None where ``folder`` is no conversion of ours."""
     marker = folder / MARKER
     if marker.is_symlink() or not marker.is_file():
-        return False
+        return None
     try:
         written = json.loads(marker.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(written, dict) and str(written.get("converted_by", "")).startswith("sglang_mxfp8 ")
+        return None
+    if not (isinstance(written, dict) and str(written.get("converted_by", "")).startswith("sglang_mxfp8 ")):
+        return None
+    files = written.get("files")
+    return {MARKER, *files} if isinstance(files, list) and all(isinstance(f, str) for f in files) else {MARKER}
 
 
 def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: ScaleRounding = "ceil",
@@ -212,6 +225,8 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
     src, dst = Path(src), Path(dst)
     if not src.exists():
         raise ConvertError(f"{src}: no such folder; pass a Hugging Face checkpoint folder")
+    if not src.is_dir():
+        raise ConvertError(f"{src} is a file; pass the checkpoint's folder")
     cfg_path = src / "config.json"
     if not cfg_path.is_file():
         raise ConvertError(f"{src}: no config.json; pass a Hugging Face checkpoint folder")
@@ -230,7 +245,8 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
     try:
         report = _write(src, work, shards, config, rounding, progress, device, keep)
         (work / MARKER).write_text(json.dumps({"converted_by": f"sglang_mxfp8 {__version__}", "source": str(src.resolve()),
-                                               "rounding": rounding, "keep_bf16": list(keep.patterns)}, indent=2))
+                                               "rounding": rounding, "keep_bf16": list(keep.patterns),
+                                               "files": sorted(p.name for p in work.iterdir())}, indent=2))
         follow_umask(work)
         _replace(work, dst)
     finally:

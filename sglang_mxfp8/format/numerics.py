@@ -24,11 +24,11 @@ from typing import Literal, Tuple
 
 import torch
 
-MX_BLOCK = 32
+from .checkpoint import E8M0_NAN, MX_BLOCK
+
 E4M3_MAX = 448.0
 E4M3_EMAX = 8  # 448 = 1.75 * 2**8
 E8M0_BIAS = 127
-E8M0_NAN = 255
 FP8 = torch.float8_e4m3fn
 ScaleRounding = Literal["ceil", "floor"]
 

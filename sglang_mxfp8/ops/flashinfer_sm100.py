@@ -1,7 +1,7 @@
 """Host side of the Blackwell-native MXFP8 kernels on FlashInfer's real API (SM100/103/107; cutlass dense also SM110/12x).
 
 Written against FlashInfer 0.6.7.post3 (``mm_mxfp8``, ``mxfp8_quantize``, ``cutlass_fused_moe`` with
-``use_mxfp8_act_scaling``). No SM100 GPU was available to us: layouts and refit behaviour are verified
+``use_mxfp8_act_scaling``). CPU-verified, not run on SM100: layouts and refit behaviour are verified
 on CPU (tests/test_blackwell.py; the kernels: kernels/linear/flashinfer_sm100.py, kernels/moe/flashinfer_cutlass.py), including an emulated forward that undoes every prepared layout.
 
 Refit rules as on Hopper: the loader's parameters keep checkpoint shapes; swizzled scales live in
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..format import layouts
 from ..format.numerics import MX_BLOCK
-from ..format.refit import PartialReloadError, _row_fingerprints
+from ..layouts.blackwell import CutlassMoeScales
 
 SM100_ONLY_QUANTIZE = (100, 103, 107, 110, 120, 121)
 
@@ -38,88 +37,6 @@ def mxfp8_quantize_activation(x: torch.Tensor, layout: str):
     require_mxfp8_quantize_kernel(torch.cuda.get_device_capability(x.device), torch.cuda.get_device_name(x.device))
     sf_layout = {"8x4": SfLayout.layout_8x4, "128x4": SfLayout.layout_128x4}[layout]
     return mxfp8_quantize(x, is_sf_swizzled_layout=True, alignment=MX_BLOCK, sf_swizzle_layout=sf_layout)
-
-
-class InPlaceRowShuffle:
-    """Applies trtllm-gen's 32-row-block shuffle to a padded FP8 weight in place, once per load."""
-
-    def __init__(self, storage: torch.Tensor, logical_rows: int, name: str):
-        self.storage, self.n, self.name = storage, logical_rows, name
-        rows = storage.shape[0]
-        self.src = layouts.shuffle_source_indices(rows, storage.device)
-        self._sig_done = torch.zeros(rows, dtype=torch.int64, device=storage.device)
-        self._sig_before = torch.zeros_like(self._sig_done)
-        self._ever = False
-
-    def refresh(self) -> int:
-        """Shuffle the blocks the loader rewrote; returns how many rows were shuffled."""
-        w = self.storage.view(torch.uint8)
-        rows = w.shape[0]
-        cur = _row_fingerprints(w, torch.empty_like(self._sig_done))
-        if self._ever:
-            touched = cur != self._sig_done
-            stale = ~touched & (self._sig_done != self._sig_before)
-            touched[self.n :] = False  # padding rows are never loaded
-            stale[self.n :] = False
-            blk = touched.view(-1, layouts.SHUFFLE_BLOCK).any(-1)
-            mixed = blk & stale.view(-1, layouts.SHUFFLE_BLOCK).any(-1)
-            if bool(mixed.any()):
-                b = int(mixed.nonzero()[0])
-                raise PartialReloadError(
-                    f"{self.name}: rows {b * 32}..{b * 32 + 31} were partly reloaded inside one 32-row shuffle block; "
-                    "reload the whole layer"
-                )
-        else:
-            blk = torch.ones(rows // layouts.SHUFFLE_BLOCK, dtype=torch.bool, device=w.device)
-        if not bool(blk.any()):
-            return 0
-        rows_todo = blk.repeat_interleave(layouts.SHUFFLE_BLOCK)
-        w[self.n :][rows_todo[self.n :]] = 0  # padding back to canonical zeros before re-shuffling
-        _row_fingerprints(w, cur)
-        self._sig_before[rows_todo] = cur[rows_todo]
-        for b in blk.nonzero().flatten().tolist():  # 32-row blocks: temporaries stay tiny
-            r0 = b * layouts.SHUFFLE_BLOCK
-            w[r0 : r0 + 32] = w[self.src[r0 : r0 + 32]]
-        _row_fingerprints(w, cur)
-        self._sig_done[rows_todo] = cur[rows_todo]
-        self._ever = True
-        return int(rows_todo.sum())
-
-
-def pad_weight_storage(layer: torch.nn.Module, n: int, k: int) -> torch.Tensor:
-    """Re-home ``layer.weight`` ([n, k]) as a view of zeroed [ceil(n/128)*128, k] storage (done once, at creation)."""
-    n_pad = -(-n // 128) * 128
-    storage = torch.zeros((n_pad, k), dtype=layer.weight.dtype, device=layer.weight.device)
-    layer.weight.data = storage[:n]
-    return storage
-
-
-class CutlassMoeScales:
-    """Per-expert 128x4-swizzled scales packed as int32, the ``quant_scales`` of MXFP8 ``cutlass_fused_moe``.
-
-    fc1: [E, align128(2I), align128(H)/32/4] int32, fc2: [E, align128(H), align128(I)/32/4] int32,
-    global scales 1.0 (E8M0 block scales carry everything). Rewritten in place after every load.
-    """
-
-    def __init__(self, experts: int, hidden: int, inter: int, device):
-        def buf(rows, k):
-            n = layouts.swizzled_len(rows, k // MX_BLOCK, 128)
-            return torch.zeros((experts, n), dtype=torch.uint8, device=device)
-
-        self.shapes = ((2 * inter, hidden), (hidden, inter))
-        self.fc1, self.fc2 = buf(2 * inter, hidden), buf(hidden, inter)
-        self.ones = torch.ones(experts, dtype=torch.float32, device=device)
-
-    def refresh(self, w13_scale: torch.Tensor, w2_scale: torch.Tensor) -> None:
-        for out, s in ((self.fc1, w13_scale), (self.fc2, w2_scale)):
-            for e in range(s.shape[0]):
-                out[e].copy_(layouts.swizzle_128x4(s[e]))
-
-    def quant_scales(self):
-        (r1, k1), (r2, k2) = self.shapes
-        fc1 = self.fc1.view(torch.int32).view(self.fc1.shape[0], -(-r1 // 128) * 128, -1)
-        fc2 = self.fc2.view(torch.int32).view(self.fc2.shape[0], -(-r2 // 128) * 128, -1)
-        return [fc1, self.ones, fc2, self.ones]
 
 
 def cutlass_mxfp8_moe(x, topk_weights, topk_ids, w13, w2, scales: CutlassMoeScales, *, tp_size=1, tp_rank=0,

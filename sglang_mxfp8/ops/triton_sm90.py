@@ -26,7 +26,6 @@ import triton
 import triton.language as tl
 
 GROUP_K = 128
-FP8_MAX = 448.0
 
 
 @triton.jit

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 from types import ModuleType
+from typing import Optional
 
 from .. import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG
 
@@ -72,6 +73,24 @@ def sglang_object(what: str, has: str = ""):
         if obj is not None and (not has or hasattr(obj, has)):
             return obj
     raise ImportError(f"found none of {', '.join(MOVED[what])}" + (f" with {has}" if has else ""))
+
+
+@functools.lru_cache(maxsize=None)
+def sglang_architectures() -> Optional[frozenset]:
+    """The model architectures the installed SGLang has a class for (its models' ``EntryClass``), read from its source
+    files without importing it; None where SGLang is not installed."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    names = set()
+    for path in (Path(next(iter(spec.submodule_search_locations))) / "srt" / "models").glob("*.py"):
+        for entry in re.findall(r"^EntryClass\s*=\s*(\[.*?\]|\w+)", path.read_text(errors="replace"), re.M | re.S):
+            names.update(re.findall(r"\w+", entry))
+    return frozenset(names)
 
 
 def served_args():

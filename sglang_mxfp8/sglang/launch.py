@@ -23,7 +23,7 @@ from .patching import PatchTargetMissing, check_complete
 logger = logging.getLogger("sglang_mxfp8")
 
 # The server arguments a launch's kernels depend on: SGLang's destination name, its option strings (0.5.10.post1 to
-# 0.5.23; tests/test_launch.py compares with SGLang's own parser), and its default.
+# 0.5.23; tests/test_patches.py compares them with SGLang's own parser), and its default.
 LAUNCH_ARGS = (
     ("model_path", ("--model-path", "--model"), None),
     ("quantization", ("--quantization",), None),

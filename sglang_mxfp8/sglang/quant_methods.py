@@ -24,7 +24,7 @@ from sglang.srt.layers.quantization.utils import is_layer_skipped
 
 from .. import __version__
 from ..format import checkpoint
-from ..format.refit import LoadTracker
+from .loads import LoadTracker
 from ..kernels import registry
 from ..kernels.base import LinearSpec, MoESpec, log_once
 from ..kernels.moe.common import non_standard

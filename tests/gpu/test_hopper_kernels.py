@@ -275,7 +275,7 @@ def test_apply_serves_small_batches_weight_only():
 
 def _moe_case(m, seed, e_count=16, h=512, inter=256, top_k=4):
     """Random MXFP8 experts converted as the Hopper MoE path converts them, activations and routing."""
-    from sglang_mxfp8.format.refit import BlockScaleConverter
+    from sglang_mxfp8.layouts.hopper import BlockScaleConverter
 
     g = torch.Generator(device="cuda").manual_seed(seed)
     w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h, device="cuda", generator=g) * 0.05)

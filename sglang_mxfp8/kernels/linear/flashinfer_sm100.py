@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ...format import layouts
+from ...layouts import blackwell as layouts
 from ...format.numerics import MX_BLOCK
-from ...format.refit import ConversionStats, validate_loaded
-from ...ops.flashinfer_sm100 import InPlaceRowShuffle, mxfp8_quantize_activation, pad_weight_storage
+from ...format.checkpoint import validate_loaded
+from ...layouts.hopper import ConversionStats
+from ...layouts.blackwell import InPlaceRowShuffle, pad_weight_storage
+from ...ops.flashinfer_sm100 import mxfp8_quantize_activation
 from ... import platform
 from ..base import OK, LinearKernel
 

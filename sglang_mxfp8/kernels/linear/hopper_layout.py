@@ -1,9 +1,9 @@
 """What the Hopper base kernels share: the MXFP8 weight converted in place to power-of-two block scales
-(``format.refit.BlockScaleConverter``), with the float32 scales in a buffer allocated once."""
+(``layouts.hopper.BlockScaleConverter``), with the float32 scales in a buffer allocated once."""
 
 from __future__ import annotations
 
-from ...format.refit import BlockScaleConverter
+from ...layouts.hopper import BlockScaleConverter
 from ..base import LayerState, LinearKernel
 
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ...format.refit import BlockScaleConverter
+from ...layouts.hopper import BlockScaleConverter
 from ..base import OK, Check, MoEKernel, MoESpec
 
 

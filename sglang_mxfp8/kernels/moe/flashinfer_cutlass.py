@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ...ops.flashinfer_jit import fused_moe, tile_configs
-from ...ops.flashinfer_sm100 import CutlassMoeScales, cutlass_mxfp8_moe
+from ...layouts.blackwell import CutlassMoeScales
+from ...ops.flashinfer_sm100 import cutlass_mxfp8_moe
 from ... import platform
 from ..base import MOE_FLAG, OK, MoEKernel, compile_before_flashinfer, precompile_batches
 from .common import BlockScaleExperts, experts_on_first_rows, routed_batch, standard_sized_experts

@@ -5,7 +5,7 @@ path (kernels compiled per tile config on first use): the dense ``fp8_blockscale
 block-scale fused MoE (ops/flashinfer_jit/fused_moe.py). The file also compiles, for sm_90a, the kernels of two paths
 that never run on Hopper: static CUTLASS kernels for when DeepGEMM is switched off (``TRTLLM_DG_ENABLED=0``) and the
 SM89 (Ada) kernels, whose CuTe headers are most of the front end's time. Together they are 80-85% of the file's
-nvcc time (110.7 s against 18.1 s on the H200 machine), the longest step of a fresh server's start
+nvcc time (110.7 s against 18.1 s, on an H200's host), the longest step of a fresh server's start
 (docs/decisions.md). The trimmed copy keeps the DeepGEMM path as it is and gives the bodies of the other paths'
 dispatch functions an error instead.
 """

@@ -22,7 +22,7 @@ import functools
 import logging
 from typing import Optional
 
-from ...format.refit import refused_update
+from ...format.checkpoint import refused_update
 from ..compat import sglang_object
 from ..patching import replace, target
 from ..weights import model_runner_of, postprocess_mxfp8_modules, refit_rollback, torch_state_kept

@@ -1,0 +1,25 @@
+"""Per-row fingerprints of a weight in memory: how an in-place layout tells the rows a load rewrote from the rows it
+already converted, so post-load processing is idempotent and a partial reload is converted where it landed."""
+
+from __future__ import annotations
+
+import torch
+
+_SIG_CHUNK_BYTES = 1 << 24
+
+
+class PartialReloadError(RuntimeError):
+    """A reload that an in-place layout cannot make right from what is in memory (part of a block, a scale without
+    its weight)."""
+
+
+def row_fingerprints(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Weighted byte sums per row (int64) of a 2-D tensor, written into ``out``; chunked."""
+    b = t.contiguous().view(torch.uint8)
+    r, width = b.shape
+    coeff = torch.arange(1, width + 1, device=b.device, dtype=torch.int64) * 2654435761 % 1000003 + 1
+    step = max(1, _SIG_CHUNK_BYTES // (8 * width))
+    for r0 in range(0, r, step):
+        out[r0 : r0 + step] = (b[r0 : r0 + step].to(torch.int64) * coeff).sum(dim=1)
+    return out
+
