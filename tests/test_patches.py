@@ -574,6 +574,13 @@ refit("A"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
 refit("does_not_exist")  # SGLang answers False without raising, the bad path already set
 refit("nan_weight"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
 refit("nan_weight", stock)
+import shutil
+shutil.copy(root / "nan_weight" / "model.safetensors", root / "A" / "model.safetensors")  # the served one spoiled too
+refit("B"); refit("A")  # B served; A, spoiled now, refused and B kept
+shutil.copy(root / "nan_weight" / "model.safetensors", root / "B" / "model.safetensors")
+refit("nan_weight")  # the rollback to B raises in turn
+shutil.rmtree(root / "B")
+refit("nan_weight")  # the rollback to B finds no folder
 """
 
 
@@ -585,7 +592,7 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     lines = [line for line in p.stdout.splitlines() if not line.startswith(("TIME ", "STATE "))]
     # a refit, refused or not, leaves torch's default dtype (the model's is bfloat16 here) and so never recompiles
     states = [line.split()[2:] for line in p.stdout.splitlines() if line.startswith("STATE ")]
-    assert len(states) == 9 and all(state == ["torch.float32", "1"] for state in states), states
+    assert len(states) == 13 and all(state == ["torch.float32", "1"] for state in states), states
     assert lines[0].startswith("A True A |") and lines[1].startswith("B True B |")
     from sglang_mxfp8.bench.served import load_times
 
@@ -608,6 +615,11 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     assert lines[7].startswith("nan_weight False A |") and lines[7].endswith(f"Rolled back to {tmp_path / 'A'}.")
     # stock SGLang: its rollback re-reads the bad path, fails again and raises out of the scheduler call
     assert lines[8].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
+    assert lines[9].startswith("B True B |") and lines[10].startswith("A False B |")
+    # a rollback that fails too, by raising or by answering False, is an error naming both paths
+    for line in lines[11:13]:
+        assert line.startswith("nan_weight raised ") and f"refit from {tmp_path / 'nan_weight'} failed" in line, line
+        assert f"and so did the rollback to {tmp_path / 'B'} (" in line and "inconsistent" in line, line
 
 
 def test_every_patch_finds_its_target_on_this_sglang():
@@ -648,8 +660,9 @@ def test_every_patch_finds_its_target_on_this_sglang():
 
 
 @pytest.mark.parametrize("version, warns", [("0.5.9", True), ("0.5.10", True), ("0.5.10.post1", False),
-                                            ("0.5.17", False), ("0.5.23", False), ("0.5.23.post1", True),
-                                            ("0.6.0", True), ("unknown", True)])
+                                            ("0.5.11", False), ("0.5.17", False), ("0.5.23", False),
+                                            ("0.5.23.post1", True), ("0.5.100", True), ("0.5.3", True),
+                                            ("0.6.0", True), ("0.10.0", True), ("unknown", True)])
 def test_a_release_outside_the_tested_range_gets_one_warning(version, warns):
     from sglang_mxfp8.sglang import compat
 
@@ -837,3 +850,42 @@ def test_sglangs_set_default_torch_dtype_restores_the_dtype_when_its_block_raise
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.splitlines()[-1] == "True True True"
+
+
+def test_every_weight_update_entry_point_of_this_sglang_is_post_processed():
+    """Every way this SGLang's model runner takes new weights (update_weights_from_* / load_weights_from_*, as its
+    source defines them) is one the patch post-processes, and where the runner imports here, each is wrapped on its
+    own: an entry point left out would serve stale kernel layouts after an RL weight sync through it."""
+    p = run_python(
+        "import re, sglang\n"
+        "from pathlib import Path\n"
+        "from sglang_mxfp8.sglang import patching\n"
+        "from sglang_mxfp8.sglang.patches.model_runner import OTHER_UPDATES, PATCH\n"
+        "root = Path(sglang.__file__).parent / 'srt/model_executor'\n"
+        "names = set()\n"
+        "for f in (root / 'model_runner.py', root / 'model_runner_components/weight_updater.py'):\n"
+        "    if f.exists():\n"
+        "        names |= set(re.findall(r'^    def ((?:update|load)_weights_from_\\w+)\\(', f.read_text(), re.M))\n"
+        "print('NAMES', sorted(names))\n"
+        "print('UNCOVERED', sorted(names - {'update_weights_from_disk'} - set(OTHER_UPDATES)))\n"
+        "try:\n"
+        "    import sglang.srt.model_executor.model_runner\n"
+        "    from sglang_mxfp8.sglang.compat import sglang_object\n"
+        "    updates = sglang_object('weight_updates', has='update_weights_from_disk')\n"
+        "    marks = {n: getattr(getattr(updates, n), '__sglang_mxfp8_patch__', None) for n in sorted(names)}\n"
+        "except ImportError as e:\n"
+        "    marks = 'needs ' + str(e.name)\n"
+        "print('MARKS', marks)\n"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in p.stdout.splitlines() if line.split(" ", 1)[0] in ("NAMES", "UNCOVERED",
+                                                                                                "MARKS"))
+    names = eval(out["NAMES"])
+    assert {"update_weights_from_disk", "update_weights_from_tensor"} <= set(names) and out["UNCOVERED"] == "[]"
+    if out["MARKS"].startswith("needs "):  # 0.5.10.post1's ModelRunner imports sgl_kernel: no CPU build
+        assert out["MARKS"] == "needs sgl_kernel", out["MARKS"]
+        return
+    expected = {n: ("model_runner.refit_rollback" if n == "update_weights_from_disk" else
+                    "model_runner.tensor_update_postprocess" if n == "update_weights_from_tensor" else
+                    f"model_runner.tensor_update_postprocess.{n}") for n in names}
+    assert eval(out["MARKS"]) == expected

@@ -139,8 +139,9 @@ def parser() -> argparse.ArgumentParser:
                                   "copied")
     c.add_argument("--force", action="store_true", help="replace an earlier conversion in OUTPUT")
     c.add_argument("--rounding", choices=("ceil", "floor"), default="ceil",
-                   help="E8M0 scale of each 32-block: ceil = amax/448 rounded up to a power of two, no element "
-                        "saturates, as MXFP8 training recipes do (default); floor = OCP MX v1.0's "
+                   help="E8M0 scale of each 32-block: ceil = amax/448 rounded up to a power of two (torchao's "
+                        "RCEIL, not its CEIL), no element saturates, as MXFP8 training recipes do (default); "
+                        "floor = OCP MX v1.0's "
                         "floor(log2(amax)) - 8, elements above 448 saturate")
     c.add_argument("--keep-bf16", action="append", default=[], metavar="PATTERN",
                    help="keep matching layers BF16 (repeatable): a module name or glob, e.g. lm_head, "

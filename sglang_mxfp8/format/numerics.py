@@ -9,6 +9,8 @@ TransformerEngine, miles, FlashInfer and triton_kernels, which produce the check
 serve) rounds ``amax / 448`` *up* to a power of two instead ("ceil"), so no element saturates.
 We default to "ceil" so that converting a checkpoint here gives the same bytes as the tools that
 trained it; "floor" is available for spec-exact experiments.
+"ceil" is torchao's ``ScaleCalculationMode.RCEIL`` (torchao's ``CEIL`` is another rule), and "floor" is its
+``FLOOR``.
 
 Conversion to Hopper block scales. Hopper FP8 tensor-core kernels take one float32 scale per
 1x128 (per row) or 128x128 block. Converting a group of 1x32 power-of-two scales to one

@@ -109,7 +109,10 @@ def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs
         return ok, message
     except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
         logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
-        ok, message = original(self, served_path, served_format, *args, **kwargs)
+        try:
+            ok, message = original(self, served_path, served_format, *args, **kwargs)
+        except Exception as again:  # noqa: BLE001 - named below with both paths
+            ok, message = False, str(again).splitlines()[0] if str(again) else type(again).__name__
         if not ok:
             raise RuntimeError(f"refit from {model_path} failed ({e}) and so did the rollback to "
                                f"{served_path} ({message}); the weights in memory are inconsistent") from e
