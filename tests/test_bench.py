@@ -105,6 +105,23 @@ def test_committed_reports_are_what_the_committed_rows_give():
     assert report.check(ROOT, rows.load(RESULTS)) == []
 
 
+def test_reports_cite_the_newest_row_of_each_figure_whatever_order_the_rows_come_in():
+    """CURRENT.md and the README paragraph from the committed rows in a fresh random order (as files could be read in
+    any order) are the reports from them oldest first; a figure measured again cites its newest run."""
+    import random
+
+    data = rows.load(RESULTS)
+    shuffled = list(data)
+    random.Random(random.randrange(1 << 30)).shuffle(shuffled)
+    assert report.render_current(shuffled) == report.render_current(data)
+    assert report.summary(shuffled) == report.summary(data)
+    served = [r for r in data if r["metric"] == "output throughput" and r["flags"] == RECOMMENDED_FLAGS]
+    newer = [{**r, "run": "later-run", "time": "2099-01-01T00:00:00Z", "mxfp8": r["mxfp8"] * 2, "ratio": r["ratio"] * 2}
+             for r in served]
+    for order in (data + newer, newer + data):
+        assert any(f"{newer[0]['ratio']:.2f}x" in line for line in report.summary(order)), report.summary(order)
+
+
 def test_report_check_says_what_it_checked():
     """``bench report --check`` on the committed rows: exit 0 with one line naming what it compared."""
     p = _cli("bench", "report", "--check")

@@ -4,6 +4,7 @@ run prints, and a PNG plot per routine. ``check`` says where a report differs fr
 
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
 from pathlib import Path
@@ -36,10 +37,17 @@ def _key(row: dict) -> tuple:
     return (row["routine"], row["metric"], row["shape"], row["flags"], gpu_short(row["gpu"]), kernel)
 
 
+def _row_order(r: dict) -> tuple:
+    """Rows by time, then rows of one time by what they measure and at what size: one order whatever the input's."""
+    return (r["time"], r["run"], r["routine"], r["metric"], r["shape"], r["flags"] or "", r["concurrency"] or 0,
+            r["tokens"] or 0, json.dumps(r, sort_keys=True))
+
+
 def figures(rows: Iterable[dict]) -> "OrderedDict[tuple, List[dict]]":
-    """Each figure's rows from its newest run (rows oldest first in, figures in first-seen order out)."""
+    """Each figure's rows from its newest run, whatever order the rows come in (figures in the order of their first
+    row's time)."""
     newest: Dict[tuple, str] = {}
-    rows = list(rows)
+    rows = sorted(rows, key=_row_order)
     for r in rows:
         newest[_key(r)] = r["run"]
     out: "OrderedDict[tuple, List[dict]]" = OrderedDict()
