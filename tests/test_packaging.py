@@ -54,3 +54,7 @@ def test_the_supported_sglang_range_is_written_once_and_read_alike_everywhere(tm
     script = (ROOT / "ci/test.sh").read_text()
     assert '"sglang==$OLDEST"' in script and OLDEST_SGLANG not in script
     assert "sglang" not in (ROOT / "setup.cfg").read_text().split("[options]")[1].split("\n[")[0]
+
+
+def test_the_readme_stays_under_8_kb():
+    assert len((ROOT / "README.md").read_bytes()) < 8 * 1024
