@@ -134,3 +134,34 @@ def test_sglangs_mxfp8_note_gives_way_to_what_serves_it(tmp_path):
     assert ("LOG sglang_mxfp8: MXFP8 layers run sglang_mxfp8's kernels for this GPU; each layer kind's plan is logged "
             "as the model is built") in ours.stdout
     assert note in stock.stdout + stock.stderr
+
+
+def test_the_cuda_toolchain_is_completed_from_pip_or_what_it_lacks_named(tmp_path, monkeypatch):
+    """A toolkit with nvcc's runtime headers only: cuBLAS's and NVRTC's headers come from the nvidia-* pip packages
+    where this Python has them (CPATH), libnvrtc.so is linked by its unversioned name from theirs (LIBRARY_PATH), and
+    what is found nowhere is named, one line each, with where to get it."""
+    from sglang_mxfp8.ops import cuda_toolchain
+
+    toolkit = tmp_path / "cuda"
+    (toolkit / "include").mkdir(parents=True)
+    (toolkit / "include" / "cuda_runtime.h").write_text("")
+    monkeypatch.setenv("CUDA_HOME", str(toolkit))
+    pip_headers = {h for h in cuda_toolchain.HEADERS for d in cuda_toolchain._pip_cuda_folders("include")
+                   if (d / h).is_file()}
+    env = {"CPATH": "/somewhere/else"}
+    missing = cuda_toolchain.prepare(env, tmp_path / "links")
+    for header, package in cuda_toolchain.HEADERS.items():
+        named = [line for line in missing if line.startswith(header)]
+        assert (named == []) == (header in pip_headers), (header, missing)
+        assert all(f"pip install {package}" in line for line in named)
+    if pip_headers:
+        assert env["CPATH"].endswith(os.pathsep + "/somewhere/else") and all(
+            any((Path(d) / h).is_file() for d in env["CPATH"].split(os.pathsep)) for h in pip_headers)
+    nvrtc = tmp_path / "links" / "libnvrtc.so"
+    assert nvrtc.is_symlink() == (not any(line.startswith("libnvrtc.so") for line in missing))
+    if nvrtc.is_symlink():
+        assert nvrtc.resolve().name.startswith("libnvrtc.so.") and str(tmp_path / "links") in env["LIBRARY_PATH"]
+    assert all("\n" not in line and " (" in line for line in missing)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "nvidia").is_dir()])
+    bare = cuda_toolchain.prepare({}, tmp_path / "links2")
+    assert [line.split(" ")[0] for line in bare][:2] == ["cublasLt.h", "nvrtc.h"]

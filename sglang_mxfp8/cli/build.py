@@ -16,6 +16,7 @@ from typing import List
 
 from ..kernels import registry
 from ..kernels.base import Mxfp8ConfigError, Plan, with_jit_modules
+from ..ops.cuda_toolchain import prepare, toolkit_root
 from ..ops.flashinfer_jit.tile_configs import KernelCompileError
 from .doctor import gpu_from_arg, not_mxfp8
 
@@ -68,7 +69,16 @@ def _build(args) -> int:
         except Mxfp8ConfigError as e:
             print(f"sglang-mxfp8 build: {e}", file=sys.stderr)
             return 1
-        for kernel in with_jit_modules(kernels):
+        modules = with_jit_modules(kernels)
+        if modules:
+            import flashinfer  # noqa: F401 - what builds them; build() names it where it is missing
+
+            missing = prepare(os.environ, Path.home() / ".cache" / "sglang_mxfp8" / "cuda-links")
+            if missing:
+                print(f"sglang-mxfp8 build: nvcc ({toolkit_root() or 'not on PATH'}) cannot build "
+                      f"{', '.join(k.name for k in modules)} here: it lacks {'; '.join(missing)}", file=sys.stderr)
+                return 2
+        for kernel in modules:
             start = time.perf_counter()
             print(f"{kernel.name}: building its JIT module (once per library version; up to two minutes the first "
                   "time)", flush=True)
