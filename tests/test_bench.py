@@ -122,6 +122,21 @@ def test_reports_cite_the_newest_row_of_each_figure_whatever_order_the_rows_come
         assert any(f"{newer[0]['ratio']:.2f}x" in line for line in report.summary(order)), report.summary(order)
 
 
+def test_agreement_on_a_generated_models_random_weights_sits_apart_from_accuracy():
+    """Accuracy and routing rows of the generated model (random weights: near-ties) go under their own heading with a
+    line saying why they are no accuracy; a real checkpoint's stay under Accuracy."""
+    from sglang_mxfp8.bench.models import generated_name, is_generated
+
+    assert is_generated(generated_name(16)) and not is_generated("Qwen2.5-Coder-1.5B-Instruct")
+    base = next(r for r in rows.load(RESULTS) if r["routine"] == "accuracy")
+    real = {**base, "metric": "top-1 agreement on BF16's tokens", "shape": "Qwen3-30B-A3B", "run": "r1"}
+    random_weights = {**real, "shape": generated_name(4), "run": "r2"}
+    current = report.render_current([real, random_weights])
+    accuracy, near_ties = current.split("## Accuracy")[1].split("## Agreement on random weights (near-ties)")
+    assert "Qwen3-30B-A3B, " in accuracy and generated_name(4) not in accuracy
+    assert generated_name(4) in near_ties.split("## Runs")[0] and "nothing about MXFP8's accuracy" in near_ties
+
+
 def test_report_check_says_what_it_checked():
     """``bench report --check`` on the committed rows: exit 0 with one line naming what it compared."""
     p = _cli("bench", "report", "--check")
@@ -331,6 +346,8 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     assert routing.mxfp8 == 1.0 if same else 0.5 < routing.mxfp8 < 0.9  # the peer moves every fourth token's experts
     assert routing.extra["equal_by_layer"] == [routing.mxfp8] * 2  # the peer moves them in every layer alike
     assert routing.extra["overlap"] == 1.0 if same else routing.mxfp8 <= routing.extra["overlap"] < 1.0
+    overlap = by[("routed experts' top-k overlap with BF16's, per token and MoE layer", None)]
+    assert overlap.mxfp8 == routing.extra["overlap"] and overlap.bf16 is None
     assert sessions[1].plan_lines == ["MoE (128 experts, hidden 2048, intermediate 768): 1 token: moe_gemv"]
 
 

@@ -9,6 +9,7 @@ non-empty word, so streamed output counts every token). Both are cached under th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -16,6 +17,16 @@ from typing import Optional
 # Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts of intermediate 768, top-8; 32 query and 4 key/value heads)
 QWEN3_30B_A3B = dict(hidden=2048, moe_intermediate=768, experts=128, top_k=8, heads=32, kv_heads=4, head_dim=128,
                      vocab=151936)
+
+
+def generated_name(layers: int) -> str:
+    """What rows call the generated model of ``layers`` layers."""
+    return f"qwen3-30b-a3b-shaped {layers} layers"
+
+
+def is_generated(name: str) -> bool:
+    """Whether rows of model ``name`` were measured on the generated model's random weights."""
+    return bool(re.fullmatch(r"qwen3-30b-a3b-shaped \d+ layers", name))
 
 
 class ModelError(ValueError):
@@ -60,7 +71,7 @@ def generated(root: Path, layers: int, seed: int = 0) -> ServedPair:
     if _layers_of(mx) != layers or (mx.stat().st_mtime < (bf16 / "model.safetensors").stat().st_mtime):
         print(f"bench: converting it to MXFP8 in {mx}", flush=True)
         convert(bf16, mx, force=True, device="cuda")
-    return ServedPair(bf16, mx, f"qwen3-30b-a3b-shaped {layers} layers", tokenizer=False)
+    return ServedPair(bf16, mx, generated_name(layers), tokenizer=False)
 
 
 def from_user(model: str, bf16_model: Optional[str], root: Path) -> ServedPair:

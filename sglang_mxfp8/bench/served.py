@@ -505,6 +505,8 @@ class Runner:
         if mx.routing is not None:
             row("routing", "routed experts equal to BF16's, per token and MoE layer", "fraction", "higher",
                 mx.routing["equal"], None, extra=mx.routing)
+            row("routing", "routed experts' top-k overlap with BF16's, per token and MoE layer", "fraction", "higher",
+                mx.routing["overlap"], None, extra=mx.routing)
         return rows
 
 
