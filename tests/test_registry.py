@@ -496,3 +496,26 @@ def test_a_deep_gemm_build_without_the_apis_is_refused(monkeypatch):
     old.get_mk_alignment_for_contiguous_layout = unloadable
     assert deepgemm_moe.missing(H200) == ("deep_gemm does not run here (OSError: Could not load this library: "
                                           "/tmp/dg/deep_gemm/_C.so)")
+
+
+def test_a_flag_with_no_kernel_on_a_gpu_is_never_reported_as_sglangs_own():
+    """native() answers "SGLang's own MXFP8 method" only where every kernel of the flag's plan is SGLang's: a flag
+    with no kernel on a GPU (an empty plan) is not handed to SGLang, whose MXFP8 methods would then run where they
+    cannot; every GPU, layer kind and flag."""
+    from sglang_mxfp8.cli.doctor import KNOWN_GPUS
+    from sglang_mxfp8.flags import DENSE_FLAGS, MOE_FLAGS
+
+    seen = {"empty": 0, "native": 0, "ours": 0}
+    for name, args in KNOWN_GPUS.items():
+        gpu = GpuSpec(*args)
+        for kind, flags in (("linear", DENSE_FLAGS), ("moe", MOE_FLAGS)):
+            for flag in flags:
+                entries = r.table(kind, gpu).entries(flag)
+                answer = r.native(kind, gpu, flag)
+                if not entries:
+                    assert answer is False, (name, kind, flag)
+                    seen["empty"] += 1
+                else:
+                    assert answer == all(e.kernel.native for e in entries), (name, kind, flag)
+                    seen["native" if answer else "ours"] += 1
+    assert all(seen.values()), seen  # each kind of answer occurs
