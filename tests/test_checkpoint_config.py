@@ -54,7 +54,7 @@ def test_launch_stops_in_one_line_on_a_config_that_is_not_mxfp8(tmp_path):
 def test_doctor_and_launch_refuse_the_same_moe_flag(tmp_path, capsys):
     """doctor --gpu h200 --moe-runner-backend flashinfer_trtllm on a MoE checkpoint says what the launch says."""
     from sglang_mxfp8.cli import main as cli
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
     from sglang_mxfp8.platform import GpuSpec
     from sglang_mxfp8.sglang.launch import LaunchConfig, Mxfp8LaunchError, validate_launch

@@ -73,7 +73,7 @@ def test_a_folder_that_does_not_exist_is_named(tmp_path):
 
 
 def test_build_without_flashinfer_is_one_line(tmp_path):
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
 
     convert(write_qwen3_moe(tmp_path / "bf16"), tmp_path / "mx", progress=False)
@@ -90,11 +90,11 @@ def test_build_without_flashinfer_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("umask,files,folder", [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)])
 def test_converted_checkpoints_follow_the_umask(tmp_path, umask, files, folder):
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
 
     write_qwen3_moe(tmp_path / "bf16")
     code = (f"import os; os.umask({umask})\nfrom sglang_mxfp8.format.convert import convert\n"
-            "from sglang_mxfp8.cli.tiny_model import write_qwen3_moe\n"
+            "from sglang_mxfp8.bench.tiny_model import write_qwen3_moe\n"
             f"write_qwen3_moe({str(tmp_path / 'demo-bf16')!r})\n"
             f"convert({str(tmp_path / 'bf16')!r}, {str(tmp_path / 'mx')!r}, progress=False)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -109,7 +109,7 @@ def test_nan_weight_is_named(tmp_path):
 
 def test_expert_with_k_not_multiple_of_32_is_refused(tmp_path):
     """A dense layer with K % 32 != 0 stays BF16 (listed as not converted); an expert cannot."""
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
 
     src = write_qwen3_moe(tmp_path / "k144", moe_intermediate=144)  # experts' down_proj: K = 144
     with pytest.raises(ConvertError, match=r"model.layers.0.mlp.experts.0.down_proj.weight has K=144, not a "
@@ -214,7 +214,7 @@ def test_demo_cpu_path(tmp_path, capsys, monkeypatch, flashinfer_here):
 def test_tiny_model_tokenizer_travels_with_conversion(tmp_path):
     from transformers import AutoTokenizer
 
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
 
     src = write_qwen3_moe(tmp_path / "bf16", tokenizer=True)
     convert(src, tmp_path / "mx", progress=False)
@@ -517,7 +517,7 @@ def test_keep_bf16_refuses_what_sglang_cannot_serve_and_writes_nothing(hf_llama,
 
 
 def test_keep_bf16_takes_a_moe_layers_experts_all_or_none(tmp_path):
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
 
     src = write_qwen3_moe(tmp_path / "moe", layers=3)
     with pytest.raises(ConvertError, match=re.escape(

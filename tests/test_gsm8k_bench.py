@@ -130,7 +130,7 @@ def test_platinum_without_local_file_says_why():
 
 def test_server_refuses_a_port_already_serving():
     """A leftover server on the port would answer health checks meant for ours."""
-    from sglang_mxfp8.cli.serving import Server
+    from sglang_mxfp8.bench.serving import Server
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -238,7 +238,7 @@ def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path
     import torch
 
     from sglang_mxfp8.cli import main as cli
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
     from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
 
@@ -276,7 +276,7 @@ def test_build_command_compiles_the_fused_moe_grouped_kernels(tmp_path, monkeypa
     --max-tokens, named as FlashInfer's JIT names them and real sm_90a cubins. With its bands, the fused MoE serves
     no batch of this model past one token, and neither its module nor those kernels are built."""
     from sglang_mxfp8.cli import main as cli
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
     from sglang_mxfp8.kernels.linear.flashinfer_sm90 import FlashInferSm90
     from sglang_mxfp8.kernels.moe.flashinfer_cutlass import FlashInferCutlassSm90MoE

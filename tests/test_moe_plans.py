@@ -78,7 +78,7 @@ def _doctor_on_tiny_model(tmp_path, **dims):
     """`sglang-mxfp8 doctor` arguments for an H200 and a converted tiny Qwen3-MoE (``dims``: its config's
     sizes), and the CLI entry point."""
     from sglang_mxfp8.cli import main as cli
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
 
     mx = tmp_path / "mx"

@@ -221,7 +221,7 @@ def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
 def _tiny_moe_launch(tmp_path):
     """The launch of a tiny MXFP8 Qwen3-MoE (converted from tmp_path/bf16) with FlashInfer's dense GEMM and the
     Triton MoE."""
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
     from sglang_mxfp8.sglang.launch import LaunchConfig
 

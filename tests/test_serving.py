@@ -1,10 +1,10 @@
-"""The launch command sglang_mxfp8.cli.serving.Server runs: our base flags with the caller's, as SGLang's own argument
+"""The launch command sglang_mxfp8.bench.serving.Server runs: our base flags with the caller's, as SGLang's own argument
 parser and its piecewise-graph rule read them."""
 
 import argparse
 import shlex
 
-from sglang_mxfp8.cli.serving import BASE_FLAGS, RENAMED_FLAGS, for_this_sglang, launch_flags
+from sglang_mxfp8.bench.serving import BASE_FLAGS, RENAMED_FLAGS, for_this_sglang, launch_flags
 import pytest
 
 pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
@@ -65,7 +65,7 @@ def test_flags_a_newer_sglang_dropped_become_their_successors():
 
 
 def sglang_reads_flags():
-    from sglang_mxfp8.cli.serving import sglang_cli_flags
+    from sglang_mxfp8.bench.serving import sglang_cli_flags
 
     return sglang_cli_flags()
 

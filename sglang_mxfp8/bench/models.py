@@ -59,7 +59,7 @@ def _layers_of(ckpt: Path) -> Optional[int]:
 def generated(root: Path, layers: int, seed: int = 0) -> ServedPair:
     """A Qwen3-30B-A3B-shaped model of ``layers`` layers (random weights drawn on the GPU) and its MXFP8 conversion
     (quantized on the GPU, the converter's numbers), written once under ``root`` and reused."""
-    from ..cli.tiny_model import write_qwen3_moe
+    from .tiny_model import write_qwen3_moe
     from ..format.convert import convert
 
     folder = Path(root) / f"qwen3-30b-a3b-shaped-{layers}l-seed{seed}"

@@ -190,7 +190,7 @@ def replace_block(text: str, begin: str, end: str, block: str) -> str:
 def render_readme(text: str, rows: Sequence[dict]) -> str:
     """The README with its generated blocks made anew: the speed paragraph from ``rows``, the kernel table from the
     registry."""
-    from ..cli.doctor import registry_markdown
+    from ..kernels.registry import markdown as registry_markdown
 
     text = replace_block(text, BEGIN, END, render_readme_block(rows))
     return replace_block(text, REGISTRY_BEGIN, REGISTRY_END, f"{REGISTRY_BEGIN}\n{registry_markdown()}\n{REGISTRY_END}")

@@ -336,7 +336,7 @@ class Runner:
         self.bf16: Optional[Session] = None
 
     def _server(self, name: str, ckpt: Path, flags: str, env: Dict[str, str]):
-        from ..cli.serving import Server
+        from .serving import Server
 
         return Server(name.replace(" ", "_").replace("/", "_"), str(ckpt), f"{self.opts.server_flags} {flags}".strip(),
                       self.opts.port, self.work / "logs", text=True, env=env, base="")

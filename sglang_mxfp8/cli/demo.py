@@ -13,7 +13,7 @@ from ..kernels import registry
 from ..kernels.base import LinearSpec, MoESpec
 from ..platform import GpuSpec, as_on_a_server, visible_gpu
 from .doctor import KNOWN_GPUS
-from .tiny_model import qwen3_moe_config, write_qwen3_moe
+from ..bench.tiny_model import qwen3_moe_config, write_qwen3_moe
 
 
 def _cpu_check(bf16: Path, mx: Path) -> List[str]:
@@ -106,7 +106,7 @@ def _print_plans() -> None:
 
 def _serve(args, work: Path, gpu: GpuSpec, mx: Path, mx2: Path) -> None:
     """Serve the MXFP8 checkpoint with stock SGLang, generate, refit to a second checkpoint, generate again."""
-    from .serving import Server
+    from ..bench.serving import Server
 
     write_qwen3_moe(work / "step2-bf16", seed=1)
     convert(work / "step2-bf16", mx2, force=True, progress=False)

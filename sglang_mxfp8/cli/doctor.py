@@ -49,7 +49,7 @@ def doctor(args) -> int:
     from ..platform import as_on_a_server, visible_gpu
 
     if getattr(args, "markdown", False):
-        print(registry_markdown())
+        print(registry.markdown())
         return 0
 
     gpu = gpu_from_arg(args.gpu)
@@ -128,22 +128,3 @@ def checkpoint_report(ckpt: Path, gpu: Optional[GpuSpec], args) -> int:
     return status
 
 
-def registry_markdown() -> str:
-    """The kernel registry as the README's table: per GPU architecture, layer kind and flag, the base kernel (and its
-    fallback) and the band kernels beside it."""
-    names = {"sm90": "Hopper (SM90)", "sm100": "Blackwell (SM100/103/107)", "sm110": "SM110", "sm120": "SM120/121"}
-    lines = ["| GPU | layer | flag | base kernel (fallback) | band kernels beside it |", "|---|---|---|---|---|"]
-    for arch, kinds in registry.REGISTRY.items():
-        for kind, table in kinds.items():
-            flags_of = {}
-            for flag, bases in table.bases.items():
-                flags_of.setdefault(bases, []).append(flag)
-            for bases, flags in flags_of.items():
-                base = bases[0].kernel
-                others = [e.kernel.name for e in bases[1:]]
-                bands = [f"{e.kernel.name} ({e.band()})" for e in table.bands
-                         if e.with_base in (None, base.name) and e.kernel.layout_mismatch(base) is None]
-                lines.append(f"| {names[arch]} | {'dense' if kind == 'linear' else 'MoE'} | {', '.join(flags)} | "
-                             f"{base.name}" + (f" ({', '.join(others)})" if others else "") + f" | "
-                             f"{', '.join(bands) or '-'} |")
-    return "\n".join(lines)

@@ -326,3 +326,24 @@ def native(kind: str, gpu: GpuSpec, flag: str) -> bool:
     alone, before any layer's shape is known): the one answer to "ours or SGLang's"."""
     entries = table(kind, gpu).entries(flag)
     return bool(entries) and all(e.kernel.native for e in entries)
+
+
+def markdown() -> str:
+    """The kernel registry as the README's table: per GPU architecture, layer kind and flag, the base kernel (and its
+    fallback) and the band kernels beside it."""
+    names = {"sm90": "Hopper (SM90)", "sm100": "Blackwell (SM100/103/107)", "sm110": "SM110", "sm120": "SM120/121"}
+    lines = ["| GPU | layer | flag | base kernel (fallback) | band kernels beside it |", "|---|---|---|---|---|"]
+    for arch, kinds in REGISTRY.items():
+        for kind, table in kinds.items():
+            flags_of = {}
+            for flag, bases in table.bases.items():
+                flags_of.setdefault(bases, []).append(flag)
+            for bases, flags in flags_of.items():
+                base = bases[0].kernel
+                others = [e.kernel.name for e in bases[1:]]
+                bands = [f"{e.kernel.name} ({e.band()})" for e in table.bands
+                         if e.with_base in (None, base.name) and e.kernel.layout_mismatch(base) is None]
+                lines.append(f"| {names[arch]} | {'dense' if kind == 'linear' else 'MoE'} | {', '.join(flags)} | "
+                             f"{base.name}" + (f" ({', '.join(others)})" if others else "") + f" | "
+                             f"{', '.join(bands) or '-'} |")
+    return "\n".join(lines)

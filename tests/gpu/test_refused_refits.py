@@ -29,7 +29,7 @@ BASE = ("--attention-backend triton --sampling-backend pytorch --grammar-backend
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     from sglang_mxfp8.bench.models import negated
-    from sglang_mxfp8.cli.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
     from sglang_mxfp8.format.convert import convert
 
     root = tmp_path_factory.mktemp("refusals")
@@ -49,7 +49,7 @@ def _port() -> int:
 def test_refused_refits_in_random_order_keep_the_server_serving(checkpoints, tmp_path, flag, pcg, fresh_b):
     from sglang_mxfp8.bench.refusals import SERVER_ENV, RefitSequence, dump, shuffled_steps, summary
     from sglang_mxfp8.bench.served import prompt_outputs
-    from sglang_mxfp8.cli.serving import Server
+    from sglang_mxfp8.bench.serving import Server
 
     case = f"{flag}-{'pcg' if pcg else 'no-pcg'}"
     if WANTED and case not in WANTED:

@@ -143,7 +143,7 @@ MUTATIONS = [
      ["tests/test_patches.py::test_a_release_outside_the_tested_range_gets_one_warning"]),
     ("probe-first-location", "versions", "sglang/compat.py", "if obj is not None and (not has or hasattr(obj, has)):",
      "if obj is not None:", ["tests/test_patches.py::test_a_probe_takes_the_first_location_that_has_what_the_patch_needs"]),
-    ("flag-successor", "versions", "cli/serving.py", "if name in RENAMED_FLAGS and name not in known:",
+    ("flag-successor", "versions", "bench/serving.py", "if name in RENAMED_FLAGS and name not in known:",
      "if name in RENAMED_FLAGS and name in known:", ["tests/test_serving.py"]),
     ("opt-in-ignored", "dispatch", "kernels/base.py",
      "(None if self.name in settings.enabled_kernels else self.opt_in(gpu))", "None", DISPATCH),
