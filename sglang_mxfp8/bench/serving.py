@@ -14,15 +14,14 @@ from pathlib import Path
 
 import requests
 
+from ..sglang.compat import RENAMED_FLAGS
+
 BASE_FLAGS = (
     "--attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 "
     "--disable-piecewise-cuda-graph --skip-tokenizer-init --cuda-graph-max-bs 16"
 )
 # a caller's flag that turns one of the base flags off (SGLang takes the caller's; the command line would show both)
 TURNS_OFF = {"--enforce-piecewise-cuda-graph": "--disable-piecewise-cuda-graph"}
-# flags SGLang 0.5.20 dropped for their successors (0.5.17 takes both): rewritten where the running SGLang lacks them
-RENAMED_FLAGS = {"--disable-piecewise-cuda-graph": "--disable-prefill-cuda-graph",
-                 "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode"}
 PROMPTS = [[1, 17 + i, 300 + 7 * i, 42, 999 - i, 5, 77 + 3 * i, 512] for i in range(8)]
 
 

@@ -52,6 +52,21 @@ MOVED = {
 }
 
 
+# flags SGLang 0.5.20 dropped for their successors (0.5.17 takes both): rewritten where the running SGLang lacks them
+RENAMED_FLAGS = {"--disable-piecewise-cuda-graph": "--disable-prefill-cuda-graph",
+                 "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode"}
+
+
+def model_runner_of(owner):
+    """The ModelRunner whose weights ``owner`` (a ModelRunner, or from 0.5.17 its WeightUpdater) updates."""
+    return owner.get_model_runner() if hasattr(owner, "get_model_runner") else owner
+
+
+def graph_max_batch(args) -> Optional[int]:
+    """The largest decode CUDA-graph batch of server arguments ``args`` (its flag was renamed in 0.5.20)."""
+    return getattr(args, "cuda_graph_max_bs", None) or getattr(args, "cuda_graph_max_bs_decode", None)
+
+
 def sglang_module(*names: str) -> Optional[ModuleType]:
     """The first of ``names`` this SGLang has, or None; a module that exists but fails to import raises."""
     for name in names:

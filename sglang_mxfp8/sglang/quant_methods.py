@@ -30,7 +30,7 @@ from ..kernels.base import LinearSpec, MoESpec, log_once
 from ..kernels.moe.common import non_standard
 from ..platform import current_gpu
 from ..settings import current as current_settings
-from .compat import served_args, sglang_object
+from .compat import graph_max_batch, served_args, sglang_object
 from .launch import layer_flags
 from .patching import check_complete, run_queued
 
@@ -163,7 +163,7 @@ def serving_max_tokens() -> Optional[int]:
     if args is None:
         return None
     chunk = args.chunked_prefill_size if (args.chunked_prefill_size or 0) > 0 else args.max_prefill_tokens
-    graph_bs = getattr(args, "cuda_graph_max_bs", None) or getattr(args, "cuda_graph_max_bs_decode", None)  # >= 0.5.20
+    graph_bs = graph_max_batch(args)
     return max(chunk or 0, graph_bs or 0) or None
 
 

@@ -10,6 +10,8 @@ import logging
 
 import torch
 
+from .compat import model_runner_of
+
 logger = logging.getLogger("sglang_mxfp8")
 
 
@@ -117,8 +119,3 @@ def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs
             raise RuntimeError(f"refit from {model_path} failed ({e}) and so did the rollback to "
                                f"{served_path} ({message}); the weights in memory are inconsistent") from e
         return False, f"Failed to update weights: {e}. Rolled back to {served_path}."
-
-
-def model_runner_of(owner):
-    """The ModelRunner whose weights ``owner`` (a ModelRunner, or from 0.5.17 its WeightUpdater) updates."""
-    return owner.get_model_runner() if hasattr(owner, "get_model_runner") else owner

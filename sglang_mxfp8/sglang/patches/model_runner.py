@@ -23,9 +23,9 @@ import logging
 from typing import Optional
 
 from ...format.checkpoint import refused_update
-from ..compat import sglang_object
+from ..compat import model_runner_of, sglang_object
 from ..patching import replace, target
-from ..weights import model_runner_of, postprocess_mxfp8_modules, refit_rollback, torch_state_kept
+from ..weights import postprocess_mxfp8_modules, refit_rollback, torch_state_kept
 
 logger = logging.getLogger("sglang_mxfp8")
 
