@@ -574,6 +574,9 @@ refit("A"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
 refit("does_not_exist")  # SGLang answers False without raising, the bad path already set
 refit("nan_weight"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
 refit("nan_weight", stock)
+setattr(runner, weights.FROM_TENSORS, True)  # as after an accepted update_weights_from_tensor: no disk holds them
+before = state(); refit("nan_weight"); assert all(torch.equal(x, y) for x, y in zip(state(), before))  # values first
+setattr(runner, weights.FROM_TENSORS, False)
 import shutil
 shutil.copy(root / "nan_weight" / "model.safetensors", root / "A" / "model.safetensors")  # the served one spoiled too
 refit("B"); refit("A")  # B served; A, spoiled now, refused and B kept
@@ -592,7 +595,7 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     lines = [line for line in p.stdout.splitlines() if not line.startswith(("TIME ", "STATE "))]
     # a refit, refused or not, leaves torch's default dtype (the model's is bfloat16 here) and so never recompiles
     states = [line.split()[2:] for line in p.stdout.splitlines() if line.startswith("STATE ")]
-    assert len(states) == 13 and all(state == ["torch.float32", "1"] for state in states), states
+    assert len(states) == 14 and all(state == ["torch.float32", "1"] for state in states), states
     assert lines[0].startswith("A True A |") and lines[1].startswith("B True B |")
     from sglang_mxfp8.bench.served import load_times
 
@@ -603,21 +606,23 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
         assert abs(t["load_s"] - t["read_copy_s"] - t["processing_s"]) < 0.002
     assert lines[2].startswith("nan_weight False B | Failed to update weights: layer: weight row 3 holds NaN")
     assert lines[2].endswith(f"Rolled back to {tmp_path / 'B'}.")
-    assert lines[3].startswith("missing_scale False B | Failed to update weights: layer.weight: the checkpoint "
-                               "loaded this weight without its scale tensor")
-    # the aborted load's records (a scale of the wrong shape) must not fail the rollback that follows
+    # what the checkpoint's headers show is refused before anything is loaded
+    nothing = "Nothing was loaded; the previous weights keep serving."
+    assert lines[3].startswith("missing_scale False B | Failed to update weights: layer.weight: an e4m3 weight "
+                               "without its scale layer.weight_scale_inv in this checkpoint") and lines[3].endswith(nothing)
     assert lines[4].startswith("wrong_scale_shape False B | Failed to update weights: layer.weight: weight "
                                "[256, 512] needs a scale of shape [256, 16] (one per 32 along K), the checkpoint "
-                               "has [256, 15]")
+                               "has [256, 15]") and lines[4].endswith(nothing)
     assert lines[5].startswith("A True A |")
     # a refit SGLang refuses without raising leaves the served path in place, so the next failure rolls back to it
     assert lines[6].startswith("does_not_exist False A | Failed to get weights iterator"), lines[6]
     assert lines[7].startswith("nan_weight False A |") and lines[7].endswith(f"Rolled back to {tmp_path / 'A'}.")
     # stock SGLang: its rollback re-reads the bad path, fails again and raises out of the scheduler call
     assert lines[8].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
-    assert lines[9].startswith("B True B |") and lines[10].startswith("A False B |")
+    assert lines[9] == f"nan_weight False nan_weight | Failed to update weights: layer.weight: holds NaN e4m3 values. {nothing}"
+    assert lines[10].startswith("B True B |") and lines[11].startswith("A False B |")
     # a rollback that fails too, by raising or by answering False, is an error naming both paths
-    for line in lines[11:13]:
+    for line in lines[12:14]:
         assert line.startswith("nan_weight raised ") and f"refit from {tmp_path / 'nan_weight'} failed" in line, line
         assert f"and so did the rollback to {tmp_path / 'B'} (" in line and "inconsistent" in line, line
 
@@ -774,6 +779,7 @@ def send(tensors):
     return ok, message
 
 print("A", *send(ckpt["A"])); a = state()
+assert getattr(runner, "_sglang_mxfp8_served_from_tensors", False)
 print("B", *send(ckpt["B"])); b = state()
 assert not torch.equal(a[0], b[0])
 for what in SPOILS:

@@ -149,46 +149,33 @@ def validate_loaded(weight: "torch.Tensor", scale: "torch.Tensor", name: str) ->
         )
 
 
-def refused_update(named: List[Tuple[str, torch.Tensor]], scale_name: str = "weight_scale_inv") -> Optional[str]:
-    """Why a weight update sent as named tensors (SGLang's ``update_weights_from_tensor``) must be refused before any
-    of it is written, or None. A load writes tensor after tensor into the served weights, so a refusal half-way
-    through would serve a mix; everything a post-load check would refuse is checked here first: an e4m3 weight and
-    its UE8M0 scale ``[..., K/32]`` arrive together, float8 weights are e4m3, scale bytes are not NaN (255), e4m3
-    bytes are not NaN, float tensors are finite. The values are read on their device with one host sync."""
+def refused_update(named: List[Tuple[str, "torch.Tensor"]], scale_name: str = "weight_scale_inv", *,
+                   where: str = "update", structure: bool = True, values: bool = True) -> Optional[str]:
+    """Why a weight update sent as named tensors (SGLang's ``update_weights_from_tensor``, or a checkpoint read as
+    such) must be refused before any of it is written, or None. A load writes tensor after tensor into the served
+    weights, so a refusal half-way through would serve a mix; everything a post-load check would refuse is checked
+    here first. ``structure``: an e4m3 weight and its UE8M0 scale ``[..., K/32]`` arrive together, scales are uint8,
+    float8 weights are e4m3 (dtypes and shapes only: meta tensors do). ``values``: scale bytes are not NaN (255), e4m3
+    bytes are not NaN, float tensors are finite, read on their device with one host sync."""
     import torch
 
     names = dict(named)
-    problems, flags = [], []
+    flags = []
     for name, t in named:
-        if name.endswith("." + scale_name):
-            weight = names.get(name[: -len(scale_name)] + "weight")
-            if t.dtype != torch.uint8:
-                problems.append(f"{name}: the scale is {t.dtype}, expected torch.uint8 (UE8M0, one byte per "
-                                f"{MX_BLOCK} weights along K)")
-            elif weight is None:
-                problems.append(f"{name}: a scale without its weight {name[: -len(scale_name)]}weight in this "
-                                "update; send each MXFP8 weight with its scale in the same call")
-            else:
-                flags.append((name, "holds NaN scale bytes (255)", (t == E8M0_NAN).any()))
+        is_scale = name.endswith("." + scale_name)
+        if structure:
+            problem = _structure_problem(name, t, names, scale_name, where)
+            if problem:
+                return problem
+        if not values:
+            continue
+        if is_scale and t.dtype == torch.uint8:
+            flags.append((name, "holds NaN scale bytes (255)", (t == E8M0_NAN).any()))
         elif t.dtype == torch.float8_e4m3fn:
-            scale = names.get(name[: -len("weight")] + scale_name) if name.endswith(".weight") else None
-            if scale is None:
-                problems.append(f"{name}: an e4m3 weight without its scale {name[: -len('weight')]}{scale_name} in "
-                                "this update; send each MXFP8 weight with its scale in the same call")
-            elif scale.dtype == torch.uint8 and (t.shape[-1] % MX_BLOCK
-                                                 or tuple(scale.shape) != (*t.shape[:-1], t.shape[-1] // MX_BLOCK)):
-                problems.append(f"{name}: weight {list(t.shape)} needs a scale of shape {scale_shape(t.shape)} "
-                                f"(one per {MX_BLOCK} along K), the update has {list(scale.shape)}")
-            else:
-                flags.append((name, "holds NaN e4m3 values", ((t.view(torch.uint8) & 0x7F) == 0x7F).any()))
-        elif t.is_floating_point() and t.element_size() == 1:
-            problems.append(f"{name}: {t.dtype} is not an MXFP8 element type; MXFP8 weights are "
-                            "torch.float8_e4m3fn with a uint8 scale")
-        elif t.is_floating_point():
+            flags.append((name, "holds NaN e4m3 values", ((t.view(torch.uint8) & 0x7F) == 0x7F).any()))
+        elif t.is_floating_point() and t.element_size() > 1:
             flags.append((name, "holds NaN or Inf", ~torch.isfinite(t).all()))
-        if problems:
-            return problems[0]
-    by_device: Dict[torch.device, list] = {}
+    by_device: Dict["torch.device", list] = {}
     for flag in flags:
         by_device.setdefault(flag[2].device, []).append(flag)
     for group in by_device.values():
@@ -196,6 +183,60 @@ def refused_update(named: List[Tuple[str, torch.Tensor]], scale_name: str = "wei
             if bad:
                 return f"{name}: {what}"
     return None
+
+
+def _structure_problem(name: str, t, names: dict, scale_name: str, where: str) -> Optional[str]:
+    import torch
+
+    stem = name[: -len("weight")] if name.endswith(".weight") else None
+    if name.endswith("." + scale_name):
+        if t.dtype != torch.uint8:
+            return (f"{name}: the scale is {t.dtype}, expected torch.uint8 (UE8M0, one byte per {MX_BLOCK} weights "
+                    "along K)")
+        if name[: -len(scale_name)] + "weight" not in names:
+            return (f"{name}: a scale without its weight {name[: -len(scale_name)]}weight in this {where}; send each "
+                    "MXFP8 weight with its scale")
+    elif t.dtype == torch.float8_e4m3fn:
+        scale = names.get(stem + scale_name) if stem else None
+        if scale is None:
+            return (f"{name}: an e4m3 weight without its scale {stem or name + '.'}{scale_name} in this {where}; an "
+                    "MXFP8 weight needs its uint8 [N, K/32] scale beside it")
+        if scale.dtype == torch.uint8 and (t.shape[-1] % MX_BLOCK
+                                           or tuple(scale.shape) != (*t.shape[:-1], t.shape[-1] // MX_BLOCK)):
+            return (f"{name}: weight {list(t.shape)} needs a scale of shape {scale_shape(t.shape)} (one per {MX_BLOCK} "
+                    f"along K), the {where} has {list(scale.shape)}")
+    elif t.is_floating_point() and t.element_size() == 1:
+        return f"{name}: {t.dtype} is not an MXFP8 element type; MXFP8 weights are torch.float8_e4m3fn with a uint8 scale"
+    return None
+
+
+SAFETENSORS_DTYPES = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U8": "uint8", "BF16": "bfloat16",
+                      "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def refused_checkpoint(folder: Path, scale_name: str, values: bool) -> Optional[str]:
+    """:func:`refused_update` for a checkpoint folder before SGLang loads it: its tensors' dtypes and shapes from the
+    safetensors headers (no data read), and with ``values`` their values too, one shard at a time (None where the
+    folder holds no safetensors: SGLang says what is wrong with it)."""
+    import torch
+    from safetensors import safe_open
+
+    shards = sorted(Path(folder).glob("*.safetensors"))
+    headers = []
+    for shard in shards:
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():
+                piece = f.get_slice(name)
+                dtype = SAFETENSORS_DTYPES.get(piece.get_dtype())
+                if dtype is not None:
+                    headers.append((name, torch.empty(piece.get_shape(), dtype=getattr(torch, dtype), device="meta")))
+    problem = refused_update(headers, scale_name, where="checkpoint", values=False)
+    for shard in shards if values and problem is None else ():
+        with safe_open(str(shard), "pt") as f:
+            problem = refused_update([(n, f.get_tensor(n)) for n in f.keys()], scale_name, structure=False)
+        if problem is not None:
+            break
+    return problem
 
 
 def scale_shape(weight_shape) -> str:

@@ -7,10 +7,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from pathlib import Path
+from typing import Optional
 
 import torch
 
+from ..format.checkpoint import refused_checkpoint
 from .compat import model_runner_of
+
+FROM_TENSORS = "_sglang_mxfp8_served_from_tensors"  # set on the model runner: the weights served came as tensors
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -47,6 +52,17 @@ def check_storage(model) -> None:
                        "CUDA graphs would read stale memory", len(moved), len(now), moved[0])
     else:
         logger.info("sglang_mxfp8: storage of all %d MXFP8 tensors unchanged since the first load", len(now))
+
+
+def scale_name_of(model) -> Optional[str]:
+    """The checkpoint name of the scales of ``model``'s MXFP8 layers (None: the model has none)."""
+    from .quant_methods import Mxfp8LinearMethod, Mxfp8MoEMethod
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            return method.quant_config.scale_name
+    return None
 
 
 def postprocess_mxfp8_modules(model) -> int:
@@ -102,12 +118,25 @@ def refit_rollback(original):
 
 
 def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs):
-    """One refit from disk; on a failure SGLang could not roll back from, the served checkpoint reloaded."""
-    served_path, served_format = self.model_config.model_path, model_runner_of(self).server_args.load_format
+    """One refit from disk, the checkpoint checked before SGLang loads it (its headers; its values too where the
+    weights served came as tensors, which no rollback could reload); on a failure SGLang could not roll back from, the
+    served checkpoint reloaded."""
+    runner = model_runner_of(self)
+    served_path, served_format = self.model_config.model_path, runner.server_args.load_format
+    from_tensors = getattr(runner, FROM_TENSORS, False)
+    scale_name = scale_name_of(runner.model)
+    if scale_name is not None and Path(model_path).is_dir():
+        problem = refused_checkpoint(Path(model_path), scale_name, values=from_tensors)
+        if problem is not None:
+            logger.error("sglang_mxfp8: refit from %s refused before loading: %s", model_path, problem)
+            return False, (f"Failed to update weights: {problem}. Nothing was loaded; the previous weights keep "
+                           "serving.")
     try:
         ok, message = original(self, model_path, load_format, *args, **kwargs)
         if not ok:  # refused before loading (no such folder, another loader): nothing was read, and SGLang left
             self.model_config.model_path = served_path  # the bad path as the one a later rollback re-reads
+        else:
+            setattr(runner, FROM_TENSORS, False)
         return ok, message
     except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
         logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
@@ -118,4 +147,7 @@ def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs
         if not ok:
             raise RuntimeError(f"refit from {model_path} failed ({e}) and so did the rollback to "
                                f"{served_path} ({message}); the weights in memory are inconsistent") from e
-        return False, f"Failed to update weights: {e}. Rolled back to {served_path}."
+        setattr(runner, FROM_TENSORS, False)
+        lost = (" The weights last sent as tensors are on no disk: this checkpoint serves now." if from_tensors
+                else "")
+        return False, f"Failed to update weights: {e}. Rolled back to {served_path}.{lost}"

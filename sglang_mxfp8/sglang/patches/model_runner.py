@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Optional
 
 from ...format.checkpoint import refused_update
 from ..compat import model_runner_of, sglang_object
 from ..patching import replace, target
-from ..weights import postprocess_mxfp8_modules, refit_rollback, torch_state_kept
+from ..weights import FROM_TENSORS, postprocess_mxfp8_modules, refit_rollback, scale_name_of, torch_state_kept
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -49,17 +48,6 @@ def _marking(original):
         return result
 
     return update
-
-
-def scale_name_of(model) -> Optional[str]:
-    """The checkpoint name of the scales of ``model``'s MXFP8 layers (None: the model has none)."""
-    from ..quant_methods import Mxfp8LinearMethod, Mxfp8MoEMethod
-
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, (Mxfp8LinearMethod, Mxfp8MoEMethod)):
-            return method.quant_config.scale_name
-    return None
 
 
 def _unwrapped(named_tensors, runner) -> list:
@@ -100,6 +88,8 @@ def _checked_and_marking(original):
                 result = (False, f"Failed to update weights: {e}. Tensors of this update before the failing one may be "
                                  "loaded; send the whole update again.")
         runner._sglang_mxfp8_pending = True
+        if result[0]:
+            setattr(runner, FROM_TENSORS, True)  # what serves now is on no disk: a failed disk refit checks first
         return result
 
     return update_weights_from_tensor
