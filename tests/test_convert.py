@@ -533,7 +533,7 @@ def test_keep_bf16_takes_a_moe_layers_experts_all_or_none(tmp_path):
 
 
 @pytest.mark.parametrize("architecture,warned", [("LlamaForCausalLM", False), ("FooBarForCausalLM", True),
-                                                 ("MambaForCausalLM", True)])
+                                                 ("NoSuchArchitectureForCausalLM", True)])
 def test_convert_warns_of_an_architecture_sglang_has_no_class_for(hf_llama, tmp_path, capsys, architecture, warned):
     src = tmp_path / "src"
     shutil.copytree(hf_llama, src)
