@@ -441,6 +441,29 @@ def test_patches_apply_once_and_keep_staticmethods():
     assert p.stdout.split() == ["staticmethod", "loader.conversion_report", "False"]
 
 
+# One MXFP8 linear layer with our real method (and a BF16 norm beside it) in a model SGLang's loader fills by name,
+# as the refit runners below build it.
+SERVED_LINEAR = """
+cfg = q.QUANTIZATION_METHODS["mxfp8"](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
+method = quant_methods.Mxfp8LinearMethod(cfg, "layer")
+method.plan = registry.select_linear(LinearSpec("layer", 256, 512), GpuSpec("NVIDIA H200", 90), "triton")
+layer = torch.nn.Module(); layer.quant_method = method
+layer.weight = torch.nn.Parameter(torch.empty(256, 512, dtype=torch.float8_e4m3fn), requires_grad=False)
+layer.weight_scale_inv = torch.nn.Parameter(torch.empty(256, 16, dtype=torch.uint8), requires_grad=False)
+layer.mxfp8_loads = LoadTracker("layer", {"": (layer.weight, layer.weight_scale_inv)})
+layer.mxfp8_state = method.plan.create_buffers(layer)
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = layer
+        self.norm = torch.nn.Parameter(torch.ones(512, dtype=torch.bfloat16), requires_grad=False)
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, t in weights:
+            getattr(params[name], "weight_loader", default_weight_loader)(params[name], t)
+"""
+
 REFIT_RUNNER = """
 import ast, dataclasses, gc, logging, sys, types, torch
 import sglang
@@ -504,23 +527,7 @@ for name, tensors in ckpts.items():
     (root / name).mkdir()
     save_file(tensors, str(root / name / "model.safetensors"))
 
-cfg = q.QUANTIZATION_METHODS["mxfp8"](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
-method = quant_methods.Mxfp8LinearMethod(cfg, "layer")
-method.plan = registry.select_linear(LinearSpec("layer", 256, 512), GpuSpec("NVIDIA H200", 90), "triton")
-layer = torch.nn.Module(); layer.quant_method = method
-layer.weight = torch.nn.Parameter(torch.empty(256, 512, dtype=torch.float8_e4m3fn), requires_grad=False)
-layer.weight_scale_inv = torch.nn.Parameter(torch.empty(256, 16, dtype=torch.uint8), requires_grad=False)
-layer.mxfp8_loads = LoadTracker("layer", {"": (layer.weight, layer.weight_scale_inv)})
-layer.mxfp8_state = method.plan.create_buffers(layer)
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = layer
-    def load_weights(self, weights):
-        params = dict(self.named_parameters())
-        for name, t in weights:
-            getattr(params[name], "weight_loader", default_weight_loader)(params[name], t)
+SERVED_LINEAR
 
 if hasattr(ServerArgs, "resolve_once"):  # SGLang >= 0.5.20: construction probes nothing; publishing reads the config
     (root / "A" / "config.json").write_text(sys.argv[2])
@@ -584,7 +591,7 @@ shutil.copy(root / "nan_weight" / "model.safetensors", root / "B" / "model.safet
 refit("nan_weight")  # the rollback to B raises in turn
 shutil.rmtree(root / "B")
 refit("nan_weight")  # the rollback to B finds no folder
-"""
+""".replace("SERVED_LINEAR\n", SERVED_LINEAR)
 
 
 def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
@@ -741,24 +748,7 @@ exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scope)
 update = patches._checked_and_marking(scope["update_weights_from_tensor"])
 
 torch.manual_seed(0)
-cfg = q.QUANTIZATION_METHODS["mxfp8"](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
-method = quant_methods.Mxfp8LinearMethod(cfg, "layer")
-method.plan = registry.select_linear(LinearSpec("layer", 256, 512), GpuSpec("NVIDIA H200", 90), "triton")
-layer = torch.nn.Module(); layer.quant_method = method
-layer.weight = torch.nn.Parameter(torch.empty(256, 512, dtype=torch.float8_e4m3fn), requires_grad=False)
-layer.weight_scale_inv = torch.nn.Parameter(torch.empty(256, 16, dtype=torch.uint8), requires_grad=False)
-layer.mxfp8_loads = LoadTracker("layer", {"": (layer.weight, layer.weight_scale_inv)})
-layer.mxfp8_state = method.plan.create_buffers(layer)
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = layer
-        self.norm = torch.nn.Parameter(torch.ones(512, dtype=torch.bfloat16), requires_grad=False)
-    def load_weights(self, weights):
-        params = dict(self.named_parameters())
-        for name, t in weights:
-            getattr(params[name], "weight_loader", default_weight_loader)(params[name], t)
+SERVED_LINEAR
 
 runner = types.SimpleNamespace(device="cpu", tp_rank=0, model=Model(),
                                server_args=types.SimpleNamespace(custom_weight_loader=[]))
@@ -790,7 +780,7 @@ for what in SPOILS:
     print(what, ok, all(torch.equal(x, y) for x, y in zip(state(), b)), message)
 print("A", *send(ckpt["A"])); print("back to A", all(torch.equal(x, y) for x, y in zip(state(), a)))
 print("dtype", torch.get_default_dtype())
-"""
+""".replace("SERVED_LINEAR\n", SERVED_LINEAR)
 
 
 def _runner_updates_from_tensor() -> bool:
