@@ -230,7 +230,17 @@ def test_compile_tile_configs_writes_each_cubin_where_flashinfer_reads_it(tmp_pa
         fs.compile_tile_configs(shape, [fs.tile_config(4096, fs.GemmShape(512, 256), 132)], progress=False)
 
 
-def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def driver_stub(tmp_path, monkeypatch):
+    """The CUDA driver's link stub a full toolkit keeps in lib64/stubs, which build's toolchain check looks for: this
+    GPU-less machine's toolkit may lack it, and the prebuilds these tests run link nothing."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "libcuda.so").write_bytes(b"")
+    monkeypatch.setenv("LIBRARY_PATH", str(stubs))
+
+
+def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path, monkeypatch, capsys, driver_stub):
     """``sglang-mxfp8 build --gpu h200 --model M`` on this GPU-less machine: each planned kernel's JIT module built
     once (FlashInfer's GEMM module for the dense layers; the Triton MoE has none), then, where nvcc is installed, the
     kernels of every dense layer shape for batches up to --max-tokens, exactly the ones a server's load would run,
@@ -269,7 +279,7 @@ def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path
 
 
 @pytest.mark.skipif(shutil.which(fs.nvcc_compiler()) is None, reason="needs nvcc (CUDA toolkit) on this machine")
-def test_build_command_compiles_the_fused_moe_grouped_kernels(tmp_path, monkeypatch, capsys):
+def test_build_command_compiles_the_fused_moe_grouped_kernels(tmp_path, monkeypatch, capsys, driver_stub):
     """``sglang-mxfp8 build --moe-runner-backend flashinfer_cutlass --model M`` with FlashInfer's fused MoE alone
     (its band kernels disabled): besides the dense layers', the grouped kernels FlashInfer's FP8 block-scale fused MoE
     compiles on first use (FC1 [2I, H] and FC2 [H, I] per expert, GroupedWithOffset) for every batch up to
@@ -308,7 +318,7 @@ def test_a_flashinfer_whose_restated_sources_differ_compiles_its_kernels_itself(
     layer's load leaves the kernels to FlashInfer's own JIT with one warning instead of failing."""
     import logging
 
-    from sglang_mxfp8.kernels.base import compile_before_flashinfer
+    from sglang_mxfp8.kernels.precompile import compile_before_flashinfer
 
     copy = tmp_path / "tensorrt_llm"
     for rel in fs.RESTATED_SOURCES:

@@ -92,7 +92,7 @@ def test_deepgemm_shadows_cublas_and_both_name_why(libraries):
 
 def test_a_band_kernel_must_read_the_base_kernels_scale_layout(libraries):
     """cuBLAS reads 128x128 weight scale blocks: beside a base kernel that writes per-row scales it cannot run."""
-    from sglang_mxfp8.kernels.base import Entry, select
+    from sglang_mxfp8.kernels.plan import Entry, select
 
     plan = select(LinearSpec("l", 5120, 2048), H200, "test", (Entry(r.CUBLAS, 1024), Entry(r.TRITON_W8A8)), DEFAULT)
     assert plan.bands() == {"other batches": "triton_w8a8"}

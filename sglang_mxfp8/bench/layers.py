@@ -72,7 +72,8 @@ def _dense_layers(plan, q, s, copies: int) -> list:
 
 def _dense_targets(shape: DenseShape, opts: LayerOptions, q, s, copies: int) -> List[Target]:
     from ..kernels import registry
-    from ..kernels.base import Entry, LinearSpec, Plan
+    from ..kernels.base import LinearSpec
+    from ..kernels.plan import Entry, Plan
     from ..platform import current_gpu
 
     gpu, spec = current_gpu(), LinearSpec(str(shape), shape.n, shape.k)
@@ -179,7 +180,8 @@ def _moe_layer(plan, w13, w2, top_k: int):
 
 def _moe_targets(shape: MoEShape, opts: LayerOptions, w13, w2) -> List[Target]:
     from ..kernels import registry
-    from ..kernels.base import Entry, MoESpec, Plan
+    from ..kernels.base import MoESpec
+    from ..kernels.plan import Entry, Plan
     from ..platform import current_gpu
 
     gpu = current_gpu()

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import List
 
 from ..kernels import registry
-from ..kernels.base import Mxfp8ConfigError, Plan, with_jit_modules
+from ..kernels.base import Mxfp8ConfigError, with_jit_modules
+from ..kernels.plan import Plan
 from ..ops.cuda_toolchain import prepare, toolkit_root
 from ..ops.flashinfer_jit.tile_configs import KernelCompileError
 from .doctor import gpu_from_arg, not_mxfp8

@@ -18,7 +18,8 @@ from ..flags import DENSE_FLAG, DENSE_FLAGS, MOE_FLAG, MOE_FLAGS
 from ..platform import GpuSpec
 from ..settings import DISABLED_KERNELS_ENV, ENABLED_KERNELS_ENV, Settings
 from ..settings import current as current_settings
-from .base import Cite, Entry, Kernel, LinearSpec, MoESpec, Mxfp8ConfigError, Plan, log_once, select
+from .base import Kernel, LinearSpec, MoESpec, Mxfp8ConfigError, log_once
+from .plan import Cite, Entry, Plan, select
 from .linear.cublas import CublasBlockScale
 from .linear.deepgemm import DeepGemmDense
 from .linear.flashinfer_sm90 import FlashInferSm90

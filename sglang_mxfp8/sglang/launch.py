@@ -15,7 +15,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .. import error_line
 from ..format import checkpoint
 from ..kernels import registry
-from ..kernels.base import Mxfp8ConfigError, Plan, with_jit_modules
+from ..kernels.base import Mxfp8ConfigError, with_jit_modules
+from ..kernels.plan import Plan
 from ..kernels.jit_builds import LAUNCHER_ENV
 from .compat import served_args
 from .patching import PatchTargetMissing, check_complete

@@ -13,7 +13,8 @@ pytestmark = pytest.mark.skipif(
 from sglang_mxfp8 import platform  # noqa: E402
 from sglang_mxfp8.format.numerics import dequantize_block_fp8, moe_reference, quantize_mxfp8  # noqa: E402
 from sglang_mxfp8.kernels import registry  # noqa: E402
-from sglang_mxfp8.kernels.base import Entry, LayerState, LinearSpec, MoESpec, Plan  # noqa: E402
+from sglang_mxfp8.kernels.base import LayerState, LinearSpec, MoESpec  # noqa: E402
+from sglang_mxfp8.kernels.plan import Entry, Plan  # noqa: E402
 from sglang_mxfp8.settings import Settings  # noqa: E402
 from gpu_checks import (  # noqa: E402
     assert_graph_replay_equals_eager, assert_processing_again_changes_nothing, load_other_experts, storage)

@@ -4,7 +4,8 @@ import torch
 
 from ...ops import deepgemm_sm90
 from ... import platform
-from ..base import OK, LinearKernel, precompile_batches
+from ..base import OK, LinearKernel
+from ..precompile import precompile_batches
 from .hopper_layout import block_scale
 
 

@@ -4,7 +4,8 @@ import torch
 
 from ...ops.flashinfer_jit import blockscale_gemm, tile_configs
 from ... import platform
-from ..base import OK, compile_before_flashinfer, precompile_batches
+from ..base import OK
+from ..precompile import compile_before_flashinfer, precompile_batches
 from .hopper_layout import HopperBlockScaleKernel, block_scale
 
 

@@ -6,7 +6,8 @@ import torch
 
 from ...ops.deepgemm_sm90 import grouped_precompile_ms
 from ... import error_line, platform
-from ..base import MoEKernel, precompile_batches
+from ..base import MoEKernel
+from ..precompile import precompile_batches
 from .common import experts_on_first_rows, routed_batch, standard_sized_experts
 
 

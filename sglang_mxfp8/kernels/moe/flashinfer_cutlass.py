@@ -6,7 +6,9 @@ from ...ops.flashinfer_jit import fused_moe, tile_configs
 from ...layouts.blackwell import CutlassMoeScales
 from ...ops.flashinfer_sm100 import cutlass_mxfp8_moe
 from ... import platform
-from ..base import MOE_FLAG, OK, MoEKernel, compile_before_flashinfer, precompile_batches
+from ..base import OK, MoEKernel
+from ..precompile import compile_before_flashinfer, precompile_batches
+from ...flags import MOE_FLAG
 from .common import BlockScaleExperts, experts_on_first_rows, routed_batch, standard_sized_experts
 
 
