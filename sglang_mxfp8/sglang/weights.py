@@ -8,7 +8,7 @@ import contextlib
 import functools
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional, Tuple
 
 import torch
 
@@ -20,14 +20,19 @@ FROM_TENSORS = "_sglang_mxfp8_served_from_tensors"  # set on the model runner: t
 logger = logging.getLogger("sglang_mxfp8")
 
 
-def mxfp8_tensors(model) -> dict:
-    """Every tensor our methods own in ``model``: parameters, buffers and the tensors of each layer's state."""
+def mxfp8_modules(model) -> Iterator[Tuple[str, torch.nn.Module]]:
+    """(name, module) of every layer of ``model`` one of our MXFP8 methods serves."""
     from .quant_methods import Mxfp8LinearMethod, Mxfp8MoEMethod
 
+    for name, module in model.named_modules():
+        if isinstance(getattr(module, "quant_method", None), (Mxfp8LinearMethod, Mxfp8MoEMethod)):
+            yield name, module
+
+
+def mxfp8_tensors(model) -> dict:
+    """Every tensor our methods own in ``model``: parameters, buffers and the tensors of each layer's state."""
     found = {}
-    for mod_name, module in model.named_modules():
-        if not isinstance(getattr(module, "quant_method", None), (Mxfp8LinearMethod, Mxfp8MoEMethod)):
-            continue
+    for mod_name, module in mxfp8_modules(model):
         for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             found[f"{mod_name}.{name}"] = t
         state = getattr(module, "mxfp8_state", None)
@@ -56,26 +61,18 @@ def check_storage(model) -> None:
 
 def scale_name_of(model) -> Optional[str]:
     """The checkpoint name of the scales of ``model``'s MXFP8 layers (None: the model has none)."""
-    from .quant_methods import Mxfp8LinearMethod, Mxfp8MoEMethod
-
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, (Mxfp8LinearMethod, Mxfp8MoEMethod)):
-            return method.quant_config.scale_name
-    return None
+    return next((module.quant_method.quant_config.scale_name for _, module in mxfp8_modules(model)), None)
 
 
 def postprocess_mxfp8_modules(model) -> int:
     """Run post-load processing of every sglang_mxfp8 method in ``model``; returns how many ran."""
-    from .quant_methods import ConversionReport, Mxfp8LinearMethod, Mxfp8MoEMethod
+    from .quant_methods import ConversionReport
 
     ConversionReport.reset()
     count = 0
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, (Mxfp8LinearMethod, Mxfp8MoEMethod)):
-            method.process_weights_after_loading(module)
-            count += 1
+    for _, module in mxfp8_modules(model):
+        module.quant_method.process_weights_after_loading(module)
+        count += 1
     if ConversionReport.total:
         logger.info(ConversionReport.line())
     check_storage(model)
