@@ -52,8 +52,8 @@ run_pytest() {  # pytest's exit status, with "collected nothing" (5) as a failur
   if [ "$rc" -eq 5 ]; then echo "ci/test.sh: pytest collected no tests"; return 1; fi
   return "$rc"
 }
-say "ruff: pyflakes on the package and the tests"
-"$VENV/bin/ruff" check --quiet --select F sglang_mxfp8 tests benchmarks || rc=$?
+say "ruff: pyflakes and line length on the package and the tests"
+"$VENV/bin/ruff" check --quiet sglang_mxfp8 tests benchmarks || rc=$?
 say "all tests, sglang $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))') (one line per file)"
 run_pytest "$VENV/bin/python" -m pytest tests "$@" || rc=$?
 say "tests that touch SGLang, sglang $(PYTHONPATH=$NEWEST "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("sglang"))')"

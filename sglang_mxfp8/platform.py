@@ -100,7 +100,8 @@ def flashinfer_missing() -> Optional[str]:
 @contextlib.contextmanager
 def as_on_a_server():
     """Plans for a GPU this machine does not have (``doctor --gpu``, the demo's CPU path) take the libraries a stock
-    ``pip install sglang`` brings there: FlashInfer, which SGLang depends on. Optional ones (deep_gemm) stay as probed."""
+    ``pip install sglang`` brings there: FlashInfer, which SGLang depends on. Optional ones (deep_gemm) stay as
+    probed."""
     global _SERVER_LIBRARIES
     previous, _SERVER_LIBRARIES = _SERVER_LIBRARIES, True
     try:

@@ -41,7 +41,11 @@ class Handler(BaseHTTPRequestHandler):
         question = req["text"].rsplit("Question: ", 1)[1].rsplit("\nAnswer:", 1)[0]
         i = INDEX[question]
         if i == FAILING:
-            return self._send({"unexpected": "shape"}) if MODE == "garbage" else self._send({"error": "injected failure"}, 500)
+            return (
+                self._send({"unexpected": "shape"})
+                if MODE == "garbage"
+                else self._send({"error": "injected failure"}, 500)
+            )
         gold = ITEMS[i]["answer"].split("####")[-1].strip()
         if i % 2 == 0:
             text = f" Working it out step by step gives {gold}."

@@ -175,7 +175,8 @@ class Handler(BaseHTTPRequestHandler):
         out = []
         for _ in range(req["sampling_params"]["max_new_tokens"]):
             out += generated(ids + out, 1)
-            self._chunk(f"data: {json.dumps({'text': ' '.join(f't{t}' for t in out), 'meta_info': {'completion_tokens': len(out)}})}\n\n")
+            event = {"text": " ".join(f"t{t}" for t in out), "meta_info": {"completion_tokens": len(out)}}
+            self._chunk(f"data: {json.dumps(event)}\n\n")
         self._chunk("data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
 

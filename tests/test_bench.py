@@ -78,8 +78,10 @@ def test_current_md_keeps_each_figures_newest_run_and_says_how_to_reproduce_it()
     line = next(x for x in text.splitlines() if x.startswith("| output throughput"))
     assert "1.30x / 1.40x at c1 / c16" in line and "| H100 | 2026-12-06 | [1] |" in line and "1.00x" not in text
     assert "1. `sglang-mxfp8 bench --suite quick` on NVIDIA H100 80GB HBM3 (torch 2.11.0; commit abc)" in text
-    assert "Served by the recommended command, qwen3-30b-a3b-shaped 16 layers model: 1.30x / 1.40x BF16's output tok/s " \
-           "at concurrency 1 / 16 (H100, 2026-12-06)." in report.render_readme_block(old + new)
+    assert (
+        "Served by the recommended command, qwen3-30b-a3b-shaped 16 layers model: 1.30x / 1.40x BF16's output tok/s "
+        "at concurrency 1 / 16 (H100, 2026-12-06)." in report.render_readme_block(old + new)
+    )
 
 
 def test_check_finds_reports_that_do_not_follow_from_the_rows(tmp_path):

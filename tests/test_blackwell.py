@@ -21,8 +21,10 @@ flashinfer = pytest.importorskip("flashinfer")
 @pytest.mark.parametrize("m,kv", [(1, 1), (7, 4), (200, 12), (256, 64), (130, 3)])
 def test_swizzles_match_trtllm_offset_functions_and_invert(m, kv):
     sf = torch.randint(0, 255, (m, kv), dtype=torch.uint8)
-    for swz, unswz, offset, tile in ((layouts.swizzle_128x4, layouts.unswizzle_128x4, layouts.flashinfer_sf_offset_128x4, 128),
-                                     (layouts.swizzle_8x4, layouts.unswizzle_8x4, layouts.flashinfer_sf_offset_8x4, 8)):
+    for swz, unswz, offset, tile in (
+        (layouts.swizzle_128x4, layouts.unswizzle_128x4, layouts.flashinfer_sf_offset_128x4, 128),
+        (layouts.swizzle_8x4, layouts.unswizzle_8x4, layouts.flashinfer_sf_offset_8x4, 8),
+    ):
         buf = swz(sf)
         assert buf.numel() == layouts.swizzled_len(m, kv, tile)
         idx = torch.tensor([[offset(i, j, kv) for j in range(kv)] for i in range(m)])
@@ -167,7 +169,8 @@ def test_cutlass_moe_quant_scales_have_the_binding_shapes_and_invert():
     ptrs = (sc.fc1.data_ptr(), sc.fc2.data_ptr())
     sc.refresh(w13s, w2s)
     fc1, g1, fc2, g2 = sc.quant_scales()
-    # flashinfer_cutlass_fused_moe_binding.cu: (E, align128(I)*2, align128(H)/32/4) and (E, align128(H), align128(I)/32/4), int32
+    # flashinfer_cutlass_fused_moe_binding.cu: (E, align128(I)*2, align128(H)/32/4) and (E, align128(H),
+    # align128(I)/32/4), int32
     assert fc1.dtype == torch.int32 and fc1.shape == (e, 2 * inter, hidden // 32 // 4)
     assert fc2.dtype == torch.int32 and fc2.shape == (e, hidden, inter // 32 // 4)
     assert g1.shape == g2.shape == (e,) and torch.all(g1 == 1)
@@ -203,7 +206,10 @@ def test_flashinfer_functions_accept_the_arguments_we_pass(name):
 def test_flashinfer_capability_gates_reject_sm90():
     from flashinfer import SfLayout, mm_mxfp8
 
-    assert {b: mm_mxfp8.is_backend_supported(b, 90) for b in ("trtllm", "cutlass")} == {"trtllm": False, "cutlass": False}
+    assert {b: mm_mxfp8.is_backend_supported(b, 90) for b in ("trtllm", "cutlass")} == {
+        "trtllm": False,
+        "cutlass": False,
+    }
     assert mm_mxfp8.is_backend_supported("trtllm", 100) and mm_mxfp8.is_backend_supported("cutlass", 100)
     assert {l.name for l in SfLayout} >= {"layout_128x4", "layout_8x4"}
 

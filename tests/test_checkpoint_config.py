@@ -16,7 +16,9 @@ pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 @pytest.mark.parametrize("field,value", [("weight_block_size", [128, 128]), ("weight_block_size", [1, 16]),
                                          ("fmt", "e5m2"), ("scale_fmt", "fp32"), ("activation_scheme", "static")])
 def test_fields_that_are_not_mxfp8_are_named(field, value):
-    with pytest.raises(CheckpointError, match=rf"^quantization_config\.{field} = {value!r}: MXFP8 is ".replace("[", r"\[")):
+    with pytest.raises(
+        CheckpointError, match=rf"^quantization_config\.{field} = {value!r}: MXFP8 is ".replace("[", r"\[")
+    ):
         detect_mxfp8({**MILES_QUANT, field: value})
 
 

@@ -124,9 +124,11 @@ def test_sglangs_mxfp8_note_gives_way_to_what_serves_it(tmp_path):
     from conftest import MILES_QUANT, write_config
 
     ckpt = write_config(tmp_path / "mx", MILES_QUANT)
-    code = ("import logging, sys\nlogging.basicConfig(level=logging.INFO, format='LOG %(message)s', stream=sys.stdout)\n"
-            "from sglang.srt.configs.model_config import ModelConfig\n"
-            f"print('Q=' + str(ModelConfig({str(ckpt)!r}).quantization))\n")
+    code = (
+        "import logging, sys\nlogging.basicConfig(level=logging.INFO, format='LOG %(message)s', stream=sys.stdout)\n"
+        "from sglang.srt.configs.model_config import ModelConfig\n"
+        f"print('Q=' + str(ModelConfig({str(ckpt)!r}).quantization))\n"
+    )
     ours, stock = run_python(code), run_python(code, {"SGLANG_MXFP8_DISABLE": "1"})
     assert ours.returncode == 0 and stock.returncode == 0, ours.stderr[-2000:] + stock.stderr[-2000:]
     note = "mxfp8 quantization is not fully optimized yet"

@@ -55,7 +55,12 @@ def test_round_trip(hf_llama, tmp_path):
         assert rel < 0.035, (name, rel)  # e4m3: ~2.6% for Gaussian weights
         q2, s2 = quantize_mxfp8(src_t[name])  # same rounding as the numerics module
         assert torch.equal(q.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(s, s2)
-    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight"):
+    for name in (
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.0.input_layernorm.weight",
+    ):
         assert torch.equal(dst_t[name].view(torch.uint8), src_t[name].view(torch.uint8))  # byte-identical
     qc = json.loads((dst / "config.json").read_text())["quantization_config"]
     assert qc == {"quant_method": "mxfp8", "fmt": "e4m3", "weight_block_size": [1, 32], "scale_fmt": "ue8m0",
@@ -75,7 +80,8 @@ def test_config_loads_through_sglang(hf_llama, tmp_path):
         f"qc = json.load(open({str(dst / 'config.json')!r}))['quantization_config']\n"
         "for cls in (Fp8Config, q.QUANTIZATION_METHODS['mxfp8']):\n"
         "    c = cls.from_config(qc)\n"
-        "    print(cls.__name__, c.use_mxfp8, c.is_checkpoint_fp8_serialized, c.weight_block_size, 'lm_head' in c.ignored_layers, c.get_min_capability())\n"
+        "    print(cls.__name__, c.use_mxfp8, c.is_checkpoint_fp8_serialized, c.weight_block_size,\n"
+        "          'lm_head' in c.ignored_layers, c.get_min_capability())\n"
     )
     p = run_python(code)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -127,10 +133,20 @@ def test_cli_convert_and_doctor(hf_llama, tmp_path, capsys):
     assert "tensors quantized to MXFP8" in out
     assert "GPU: NVIDIA H200 (SM90)" in out
     # K=352 not % 128: FlashInfer's GEMM cannot, the Triton kernel takes it, its weight-only GEMM small batches
-    assert "dense model.layers.N.mlp.down_proj [128 x 352] x2: 1-16 tokens: weight_only; other batches: triton_w8a8" in plans
+    assert (
+        "dense model.layers.N.mlp.down_proj [128 x 352] x2: 1-16 tokens: weight_only; other batches: triton_w8a8"
+        in plans
+    )
     # as SGLang serves them, fused: gate 352 + up 352 rows, a multiple of 64 that neither is alone
-    assert "dense model.layers.N.mlp.gate_up_proj [704 x 128] x2 (gate_proj + up_proj): other batches: flashinfer_sm90" in plans
-    assert "dense model.layers.N.self_attn.qkv_proj [256 x 128] x2 (q_proj + k_proj + v_proj): other batches: flashinfer_sm90" in plans
+    assert (
+        "dense model.layers.N.mlp.gate_up_proj [704 x 128] x2 (gate_proj + up_proj): other batches: flashinfer_sm90"
+        in plans
+    )
+    assert (
+        "dense model.layers.N.self_attn.qkv_proj [256 x 128] x2 (q_proj + k_proj + v_proj): "
+        "other batches: flashinfer_sm90"
+        in plans
+    )
     assert "dense model.layers.N.self_attn.o_proj [128 x 128] x2: other batches: flashinfer_sm90" in plans
     assert sum(line.startswith("  dense ") for line in out.splitlines()) == 4
     assert cli(["doctor", "--gpu", "h200", "--model", str(dst), "--fp8-gemm-backend", "flashinfer_cutlass"]) == 1
@@ -147,9 +163,11 @@ def test_doctor_checks_the_checkpoint_without_a_gpu(hf_llama, tmp_path, capsys, 
     capsys.readouterr()
     assert cli(["doctor", "--model", str(dst)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-3:] == ["GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)",
-                        f"checkpoint: {dst} (SGLang/miles MXFP8, scales 'weight_scale_inv', 2 modules kept unquantized)",
-                        "  kernels per layer: pass --gpu h200|b200|... to see them"]
+    assert out[-3:] == [
+        "GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)",
+        f"checkpoint: {dst} (SGLang/miles MXFP8, scales 'weight_scale_inv', 2 modules kept unquantized)",
+        "  kernels per layer: pass --gpu h200|b200|... to see them",
+    ]
     assert cli(["doctor", "--model", str(tmp_path / "missing")]) == 1
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"{tmp_path / 'missing'}: no such folder; pass the checkpoint's folder (config.json and *.safetensors)")
@@ -203,8 +221,14 @@ def test_demo_cpu_path(tmp_path, capsys, monkeypatch, flashinfer_here):
     assert cli(["demo", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "56 tensors quantized" in out and "[4/4] done (CPU path)" in out
-    assert "NVIDIA H200 (SM90) --fp8-gemm-backend flashinfer_trtllm: qkv_proj [512 x 256]: other batches: flashinfer_sm90" in out
-    assert "NVIDIA H200 (SM90) --fp8-gemm-backend flashinfer_trtllm: o_proj [256 x 256]: other batches: flashinfer_sm90" in out
+    assert (
+        "NVIDIA H200 (SM90) --fp8-gemm-backend flashinfer_trtllm: qkv_proj [512 x 256]: other batches: flashinfer_sm90"
+        in out
+    )
+    assert (
+        "NVIDIA H200 (SM90) --fp8-gemm-backend flashinfer_trtllm: o_proj [256 x 256]: other batches: flashinfer_sm90"
+        in out
+    )
     assert "NVIDIA H200 (SM90) --moe-runner-backend auto: experts (8 experts, hidden 256, intermediate 128): " in out
     assert "other batches: triton_moe" in out
     assert platform.flashinfer_missing() == (None if flashinfer_here else
@@ -224,7 +248,10 @@ def test_tiny_model_tokenizer_travels_with_conversion(tmp_path):
 
 
 def test_doctor_reports_the_startup_hook():
-    for env, expected in (({}, "startup hook: active"), ({"SGLANG_MXFP8_DISABLE": "1"}, "startup hook: disabled by SGLANG_MXFP8_DISABLE=1")):
+    for env, expected in (
+        ({}, "startup hook: active"),
+        ({"SGLANG_MXFP8_DISABLE": "1"}, "startup hook: disabled by SGLANG_MXFP8_DISABLE=1"),
+    ):
         p = run_python("from sglang_mxfp8.cli import main; main(['doctor', '--gpu', 'h200'])", env)
         assert p.returncode == 0, p.stderr[-2000:]
         assert expected in p.stdout
@@ -290,8 +317,9 @@ def _index_with(src, tmp_path, shard_name):
     return model
 
 
-@pytest.mark.parametrize("shard_name", ["../victim/model.safetensors", "/tmp/elsewhere.safetensors", "sub/x.safetensors",
-                                        "..", "model.bin"])
+@pytest.mark.parametrize(
+    "shard_name", ["../victim/model.safetensors", "/tmp/elsewhere.safetensors", "sub/x.safetensors", "..", "model.bin"]
+)
 def test_shard_names_from_the_index_must_be_plain_files_of_the_input(hf_llama, tmp_path, shard_name):
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -497,19 +525,31 @@ def test_keep_bf16_leaves_the_chosen_layers_as_they_were_and_sglang_serves_them_
     assert any("model.layers.N" in line for line in doctor_plans(out_text))
 
 
-@pytest.mark.parametrize("patterns,message", [
-    (["model.layers.0.self_attn.q_proj"], "keeps model.layers.0.self_attn.q_proj but not "
-                                         "model.layers.0.self_attn.k_proj: SGLang serves q_proj + k_proj + v_proj as one"),
-    (["model.layers.1.mlp.up_proj"], "keeps model.layers.1.mlp.up_proj but not model.layers.1.mlp.gate_proj: SGLang "
-                                     "serves gate_proj + up_proj as one weight"),
-    (["model.layers.7"], "--keep-bf16 model.layers.7: matches no tensor of the checkpoint"),
-    (["first:x"], "--keep-bf16 first:x: needs N >= 0"),
-    (["first:1", "lm_heads"], "--keep-bf16 lm_heads: matches no tensor"),
-    (["first:2", "lm_heads"], "--keep-bf16 lm_heads: matches no tensor"),  # whatever a first:N before it expands to
-    (["lm_heads", "first:2"], "--keep-bf16 lm_heads: matches no tensor"),
-    (["first:99"], "--keep-bf16 first:99 keeps every layer the converter would quantize"),
-    (["last:1", "model.layers.0"], "--keep-bf16 last:1 model.layers.0 keeps every layer the converter would quantize"),
-])
+@pytest.mark.parametrize(
+    "patterns,message",
+    [
+        (
+            ["model.layers.0.self_attn.q_proj"],
+            "keeps model.layers.0.self_attn.q_proj but not "
+            "model.layers.0.self_attn.k_proj: SGLang serves q_proj + k_proj + v_proj as one",
+        ),
+        (
+            ["model.layers.1.mlp.up_proj"],
+            "keeps model.layers.1.mlp.up_proj but not model.layers.1.mlp.gate_proj: SGLang "
+            "serves gate_proj + up_proj as one weight",
+        ),
+        (["model.layers.7"], "--keep-bf16 model.layers.7: matches no tensor of the checkpoint"),
+        (["first:x"], "--keep-bf16 first:x: needs N >= 0"),
+        (["first:1", "lm_heads"], "--keep-bf16 lm_heads: matches no tensor"),
+        (["first:2", "lm_heads"], "--keep-bf16 lm_heads: matches no tensor"),  # whatever a first:N before it expands to
+        (["lm_heads", "first:2"], "--keep-bf16 lm_heads: matches no tensor"),
+        (["first:99"], "--keep-bf16 first:99 keeps every layer the converter would quantize"),
+        (
+            ["last:1", "model.layers.0"],
+            "--keep-bf16 last:1 model.layers.0 keeps every layer the converter would quantize",
+        ),
+    ],
+)
 def test_keep_bf16_refuses_what_sglang_cannot_serve_and_writes_nothing(hf_llama, tmp_path, patterns, message):
     with pytest.raises(ConvertError, match=re.escape(message)):
         convert(hf_llama, tmp_path / "mx", progress=False, keep_bf16=patterns)

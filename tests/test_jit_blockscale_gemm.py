@@ -151,8 +151,10 @@ def test_trimmed_source_compiles_with_flashinfers_command_without_the_left_out_k
     got, _ = derive(tmp_path)
     ninja = Path(got["ninja"])
     if not ninja.exists():
-        p = run_python("from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fb; fb.dense_spec().write_ninja()",
-                       {"FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(tmp_path)})
+        p = run_python(
+            "from sglang_mxfp8.ops.flashinfer_jit import blockscale_gemm as fb; fb.dense_spec().write_ninja()",
+            {"FLASHINFER_CUDA_ARCH_LIST": "9.0a", "FLASHINFER_WORKSPACE_BASE": str(tmp_path)},
+        )
         assert p.returncode == 0, p.stderr[-2000:]
     (target,) = ninja_objects(ninja, lambda source: source.endswith("/fp8_blockscale_gemm.cu"))
     finish_ninja(start_ninja(ninja, [target]), timeout=600)

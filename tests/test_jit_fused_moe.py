@@ -55,7 +55,8 @@ print(json.dumps(dict(
     full_flags=full.extra_cuda_cflags, our_flags=ours.extra_cuda_cflags, name=ours.name,
     instantiation=next(Path(s) for s in ours.sources if s.name == "fp8_block_scale_moe_instantiation.cu").read_text(),
     derived=[str(s) for s in ours.sources if Path(s).is_relative_to(jit_env.FLASHINFER_GEN_SRC_DIR)],
-    finalize_macro="#define INSTANTIATE_FINALIZE_MOE_ROUTING" in (csrc / "fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh").read_text(),
+    finalize_macro="#define INSTANTIATE_FINALIZE_MOE_ROUTING"
+    in (csrc / "fused_moe/cutlass_backend/cutlass_fused_moe_kernels.cuh").read_text(),
     runner_instantiated_by_flashinfer="template class CutlassMoeFCRunner<__nv_bfloat16, __nv_fp8_e4m3, __nv_bfloat16>;"
         in (csrc / f._INSTANTIATIONS).read_text(),
 )))
@@ -100,7 +101,9 @@ def test_trimmed_module_is_flashinfers_sm90_module_reduced_to_the_block_scale_ru
         assert (len(got["full_sources"]), len(got["our_sources"])) == (181, 18)
     # FlashInfer's flags for this version and CUDA, sm_90a, without FP4
     assert got["our_flags"] == [f for f in got["full_flags"] if f != "-DENABLE_FP4"]
-    assert "-gencode=arch=compute_90a,code=sm_90a" in got["our_flags"] and "-DENABLE_FP8_BLOCK_SCALE" in got["our_flags"]
+    assert (
+        "-gencode=arch=compute_90a,code=sm_90a" in got["our_flags"] and "-DENABLE_FP8_BLOCK_SCALE" in got["our_flags"]
+    )
     # the one instantiation: a runner FlashInfer itself instantiates, with the routing macro it defines
     assert got["runner_instantiated_by_flashinfer"] and got["finalize_macro"]
     assert "template class CutlassMoeFCRunner<__nv_bfloat16, __nv_fp8_e4m3, __nv_bfloat16>;" in got["instantiation"]

@@ -140,7 +140,9 @@ def flashinfer_jit_functions(tmp_path_factory):
     assert build.returncode == 0, build.stderr[-2000:]
 
     def run(*args) -> str:
-        return subprocess.run([str(work / "fi_jit"), *map(str, args)], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            [str(work / "fi_jit"), *map(str, args)], capture_output=True, text=True, check=True
+        ).stdout
 
     return run
 
@@ -179,7 +181,13 @@ def test_tile_choice_is_flashinfers_get_best_gemm_config(flashinfer_jit_function
             m, n = n, min(m, 63)
         theirs = flashinfer_jit_functions("best", m, n, k, groups, sms, int(swap_ab)).split()
         ours = fs._best(m, n, k, sms, swap_ab, groups)
-        assert [ours.block_m, ours.block_n, ours.stages, ours.multicast] == list(map(int, theirs)), (m, n, k, groups, sms)
+        assert [ours.block_m, ours.block_n, ours.stages, ours.multicast] == list(map(int, theirs)), (
+            m,
+            n,
+            k,
+            groups,
+            sms,
+        )
 
 
 def test_moe_configs_follow_the_batch_size(flashinfer_jit_functions):
@@ -189,7 +197,10 @@ def test_moe_configs_follow_the_batch_size(flashinfer_jit_functions):
     assert fc1 == fs.GemmShape(1536, 2048, 128, fs.GROUPED) and fc2 == fs.GemmShape(2048, 768, 128, fs.GROUPED)
     assert fs.tile_config(31, fc1, 132).swap_ab and not fs.tile_config(32, fc1, 132).swap_ab
     assert fs.tile_config(63, fc1, 78).swap_ab and not fs.tile_config(64, fc1, 78).swap_ab
-    assert fs.jit_kernel_name(fc2, fs.tile_config(1, fc2, 132)) == "gemm_swapAB_2048_768_128_16_128_128_8128_8_1_GroupedWithOffset"
+    assert (
+        fs.jit_kernel_name(fc2, fs.tile_config(1, fc2, 132))
+        == "gemm_swapAB_2048_768_128_16_128_128_8128_8_1_GroupedWithOffset"
+    )
     for shape in (fc1, fc2):
         configs = fs.configs_for(shape, 1, 8192, 132)
         assert 2 <= len(configs) <= 16 and all(c.multicast == 1 for c in configs)
@@ -201,9 +212,13 @@ def test_moe_configs_follow_the_batch_size(flashinfer_jit_functions):
 def test_nvcc_command_carries_flashinfers_flags():
     """Every flag of our nvcc command is one FlashInfer's Compiler::build passes with nvcc, and the reverse."""
     build = _cpp_function((_flashinfer_deep_gemm() / "compiler.cuh").read_text(), "  Runtime* build(", "\n  }\n")
-    nvcc_part = build[build.index("std::vector<std::string> flags = {"):build.index("std::vector<std::string> cxxFlags")]
+    nvcc_part = build[
+        build.index("std::vector<std::string> flags = {") : build.index("std::vector<std::string> cxxFlags")
+    ]
     cxx_part = build[build.index("cxxFlags = {"):build.index("};", build.index("cxxFlags = {"))]
-    theirs = re.findall(r'"([^"]*)"', nvcc_part) + ["--compiler-options=" + ",".join(re.findall(r'"([^"]*)"', cxx_part))]
+    theirs = re.findall(r'"([^"]*)"', nvcc_part) + [
+        "--compiler-options=" + ",".join(re.findall(r'"([^"]*)"', cxx_part))
+    ]
     ours = fs.nvcc_command(Path("kernel.cu"), Path("out.cubin"))
     assert ours[1:4] == ["kernel.cu", "-o", "out.cubin"]
     assert sorted(ours[4:-1]) == sorted(theirs) and ours[-1] == f"-I{_flashinfer_deep_gemm().parent}"
@@ -263,7 +278,9 @@ def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path
             "--max-tokens", "48"]
     if not torch.cuda.is_available():
         assert cli(args[:1]) == 2 and "name the server's with --gpu h100 or --gpu h200" in capsys.readouterr().err
-    assert cli(args[:1] + ["--gpu", "b200"]) == 0 and "nothing to compile ahead for NVIDIA B200" in capsys.readouterr().out
+    assert (
+        cli(args[:1] + ["--gpu", "b200"]) == 0 and "nothing to compile ahead for NVIDIA B200" in capsys.readouterr().out
+    )
     assert cli(args[:4] + ["flashinfer_cutlass"]) == 1
     assert capsys.readouterr().err.strip().endswith("valid choices on this GPU: auto, triton, flashinfer_trtllm")
     assert cli(args) == 0 and built == ["flashinfer_sm90"]  # no --model: the flags' modules alone
@@ -271,7 +288,8 @@ def test_build_command_compiles_ahead_what_the_first_server_start_would(tmp_path
     if shutil.which(fs.nvcc_compiler()) is None:
         return  # the kernels need nvcc (CUDA toolkit); the modules' part is checked above
     assert cli(args + ["--model", str(mx)]) == 0 and built == ["flashinfer_sm90"] * 2
-    expected = {fs.jit_kernel_name(fs.GemmShape(n, k), cfg) for n, k in ((512, 256), (256, 256))  # qkv, o of the tiny model
+    # qkv, o of the tiny model
+    expected = {fs.jit_kernel_name(fs.GemmShape(n, k), cfg) for n, k in ((512, 256), (256, 256))
                 for cfg in fs.configs_for(fs.GemmShape(n, k), 1, 48, 132)}
     assert {p.name for p in (tmp_path / "dg" / "cache").iterdir()} == expected
     assert f"{len(expected)} kernels compiled for batches up to 48 tokens on 132 SMs" in capsys.readouterr().out
@@ -333,7 +351,9 @@ def test_a_flashinfer_whose_restated_sources_differ_compiles_its_kernels_itself(
         with open(copy / "deep_gemm" / "jit_utils.cuh", "a") as f:
             f.write("// a newer heuristic\n")
         why = fs.concurrent_compile_unsupported()
-        assert why.startswith(f"{copy / 'deep_gemm' / 'jit_utils.cuh'} is not a version whose logic sglang_mxfp8 restates")
+        assert why.startswith(
+            f"{copy / 'deep_gemm' / 'jit_utils.cuh'} is not a version whose logic sglang_mxfp8 restates"
+        )
         shape = fs.GemmShape(512, 256)
         with pytest.raises(fs.KernelCompileError, match="jit_utils.cuh is not a version"):
             fs.compile_tile_configs(shape, [fs.tile_config(1, fs.GemmShape(512, 256), 132)], progress=False)

@@ -95,6 +95,7 @@ def test_shipped_configs_fit_the_block_fp8_kernel():
             assert int(m) >= 1 and set(c) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
                                               "num_warps", "num_stages"}, (path.name, m)
             assert c["BLOCK_SIZE_K"] == block_k and all(
-                c[k] & (c[k] - 1) == 0 for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "GROUP_SIZE_M", "num_warps")), (path.name, m)
+                c[k] & (c[k] - 1) == 0 for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "GROUP_SIZE_M", "num_warps")
+            ), (path.name, m)
     # every token count SGLang's fallback file has (nearest-count lookup must not widen a measured entry)
     assert set(shipped()) == set(json.loads((SGLANG_CONFIGS / "triton_3_2_0" / H200_FP8_BLOCK).read_text()))

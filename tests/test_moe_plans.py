@@ -31,7 +31,9 @@ def no_deep_gemm(monkeypatch):
     monkeypatch.setattr(cublas_sm90, "unsupported", lambda: None)
 
 
-@pytest.mark.parametrize("min_m,max_m,top_k,experts", [(1024, 8192, 8, 128), (1024, 16384, 8, 128), (1024, 8192, 4, 16)])
+@pytest.mark.parametrize(
+    "min_m,max_m,top_k,experts", [(1024, 8192, 8, 128), (1024, 16384, 8, 128), (1024, 8192, 4, 16)]
+)
 def test_deepgemm_moe_precompile_runs_one_batch_per_tile_config(min_m, max_m, top_k, experts):
     """DeepGEMM's grouped GEMM picks its SM90 tile config from ceil(expected rows per expert / 128): the batches run
     at load reach every such value that batches of min_m..max_m tokens can, each once (Qwen3-30B-A3B: four)."""
@@ -92,8 +94,12 @@ def _method(monkeypatch):
     from sglang_mxfp8.sglang import quant_methods as qm
 
     monkeypatch.setattr(qm, "current_gpu", lambda: H200)
-    return qm, qm.Mxfp8MoEMethod(qm.Mxfp8Config.from_config({"quant_method": "mxfp8", "activation_scheme": "dynamic",
-                                                             "weight_block_size": [1, 32]}), "model.layers.0.mlp.experts")
+    return qm, qm.Mxfp8MoEMethod(
+        qm.Mxfp8Config.from_config(
+            {"quant_method": "mxfp8", "activation_scheme": "dynamic", "weight_block_size": [1, 32]}
+        ),
+        "model.layers.0.mlp.experts",
+    )
 
 
 def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch, no_deep_gemm):
@@ -114,7 +120,9 @@ def test_doctor_names_the_prefill_moe(tmp_path, capsys, monkeypatch, no_deep_gem
     settings.current.cache_clear()
 
 
-@pytest.mark.parametrize("change,ep_size", [({}, 1), (dict(activation="gelu"), 1), (dict(gemm1_alpha=1.702), 1), ({}, 2)])
+@pytest.mark.parametrize(
+    "change,ep_size", [({}, 1), (dict(activation="gelu"), 1), (dict(gemm1_alpha=1.702), 1), ({}, 2)]
+)
 def test_layers_our_moe_kernels_cannot_compute_keep_every_batch_on_triton(change, ep_size, monkeypatch, no_deep_gemm):
     """SGLang hands the runner config to create_moe_runner; where it was not known at create_weights, a layer our
     own kernels cannot compute is planned again with the Triton fused MoE alone."""
@@ -225,7 +233,10 @@ def test_doctor_at_tensor_and_expert_parallel_sizes(tmp_path, capsys, no_deep_ge
     for bad in ("0", "-2", "two"):
         with pytest.raises(SystemExit) as e:
             cli(doctor + ["--tp", bad])
-        assert e.value.code == 2 and f"argument --tp: {bad!r} is not a number of GPUs (1 or more)" in capsys.readouterr().err
+        assert (
+            e.value.code == 2
+            and f"argument --tp: {bad!r} is not a number of GPUs (1 or more)" in capsys.readouterr().err
+        )
 
 
 def test_precompile_batches_route_every_token_to_distinct_experts_over_all_of_them():

@@ -88,7 +88,9 @@ def test_rejects_k_not_multiple_of_32():
 @pytest.mark.parametrize("shape", [(256, 512), (200, 320), (130, 96)])
 def test_block_conversion_is_nearly_lossless(block_rows, shape):
     # Gaussian weights with heavy per-element tails and rows whose norms differ by ~2x (as in LLM layers)
-    x = _rand(7, *shape, spread=0.7) * torch.exp(torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    x = _rand(7, *shape, spread=0.7) * torch.exp(
+        torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    )
     q, s = quantize_mxfp8(x)
     ref = dequantize_mxfp8(q, s).double()
     w = q.clone()
@@ -139,7 +141,9 @@ def test_row_conversion_is_nearly_lossless(shape):
     over a whole row instead of 128x128; fewer elements move than with 128-row blocks on the same weights."""
     from sglang_mxfp8.format.numerics import convert_to_row_scales
 
-    x = _rand(7, *shape, spread=0.7) * torch.exp(torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    x = _rand(7, *shape, spread=0.7) * torch.exp(
+        torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    )
     q, s = quantize_mxfp8(x)
     ref = dequantize_mxfp8(q, s).double()
     w = q.clone()
@@ -198,8 +202,17 @@ def test_moe_reference_matches_a_per_token_float64_loop():
     got = moe_reference(x, w13, b13, w2, b2, tw, ids, fp8_activations=False)
     assert got.shape == (m, h) and ((got.double() - expected).norm() / expected.norm()).item() < 1e-5
     half = inter // 128  # gate and up each whole 128-row scale blocks: swapping them swaps their block-scale rows
-    swapped = moe_reference(x, torch.cat([w13[:, inter:], w13[:, :inter]], 1), torch.cat([b13[:, half:], b13[:, :half]], 1),
-                            w2, b2, tw, ids, fp8_activations=False, up_first=True)
+    swapped = moe_reference(
+        x,
+        torch.cat([w13[:, inter:], w13[:, :inter]], 1),
+        torch.cat([b13[:, half:], b13[:, :half]], 1),
+        w2,
+        b2,
+        tw,
+        ids,
+        fp8_activations=False,
+        up_first=True,
+    )
     assert torch.equal(swapped, got)
     fp8 = moe_reference(x, w13, b13, w2, b2, tw, ids)
     assert 0 < ((fp8.double() - expected).norm() / expected.norm()).item() < 0.05  # 1x128 FP8 activations

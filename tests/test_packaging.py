@@ -13,8 +13,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_carries_startup_hook_and_entry_points(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     wheel = next(tmp_path.glob("sglang_mxfp8-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
@@ -43,8 +58,23 @@ def test_the_supported_sglang_range_is_written_once_and_read_alike_everywhere(tm
     and the CI script reads the oldest from there."""
     from sglang_mxfp8 import NEWEST_SGLANG, OLDEST_SGLANG
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
-                    str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     with zipfile.ZipFile(next(tmp_path.glob("sglang_mxfp8-*.whl"))) as z:
         metadata = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
     pins = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: sglang")]

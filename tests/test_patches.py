@@ -43,9 +43,11 @@ def test_disable_env_restores_sglang_rewrite(miles_ckpt):
 
 def test_fp8_module_sees_our_dispatch_and_config():
     p = run_python(
-        "import sglang.srt.layers.quantization.fp8 as fp8, sglang.srt.layers.quantization as q, sglang_mxfp8.sglang.quant_methods as d\n"
+        "import sglang.srt.layers.quantization.fp8 as fp8, sglang.srt.layers.quantization as q\n"
+        "import sglang_mxfp8.sglang.quant_methods as d\n"
         "print(fp8.dispatch_w8a8_mxfp8_linear.__wrapped__ is d.dispatch_w8a8_mxfp8_linear,"
-        " q.QUANTIZATION_METHODS['mxfp8'].__module__, q.QUANTIZATION_METHODS['mxfp8'](is_checkpoint_fp8_serialized=True, use_mxfp8=True).get_min_capability())"
+        " q.QUANTIZATION_METHODS['mxfp8'].__module__,"
+        " q.QUANTIZATION_METHODS['mxfp8'](is_checkpoint_fp8_serialized=True, use_mxfp8=True).get_min_capability())"
     )
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split() == ["True", "sglang_mxfp8.sglang.quant_methods", "90"]
@@ -67,7 +69,9 @@ def test_hook_is_cheap_in_unrelated_interpreters():
 
 
 def test_model_config_reads_modelopt_mxfp8_as_mxfp8(tmp_path):
-    ckpt = write_config(tmp_path / "modelopt", {"quant_method": "modelopt", "quant_algo": "MXFP8", "exclude_modules": ["lm_head"]})
+    ckpt = write_config(
+        tmp_path / "modelopt", {"quant_method": "modelopt", "quant_algo": "MXFP8", "exclude_modules": ["lm_head"]}
+    )
     code = (
         "from sglang.srt.configs.model_config import ModelConfig\n"
         f"m = ModelConfig({str(ckpt)!r})\n"
@@ -83,11 +87,15 @@ def test_model_config_reads_modelopt_mxfp8_as_mxfp8(tmp_path):
         assert "Q=modelopt_fp8" in stock.stdout and "[]" in ours.stdout  # the misreading this patch fixes
 
 
+MXFP8_SECTION = {"quant_method": "mxfp8", "activation_scheme": "dynamic", "weight_block_size": [1, 32],
+                 "modules_to_not_convert": ["lm_head"]}
+
+
 def test_from_config_reads_both_flavours():
     code = (
         "import json, sglang.srt.layers.quantization as q\n"
         "C = q.QUANTIZATION_METHODS['mxfp8']\n"
-        f"a = C.from_config({json.dumps({'quant_method': 'mxfp8', 'activation_scheme': 'dynamic', 'weight_block_size': [1, 32], 'modules_to_not_convert': ['lm_head']})})\n"
+        f"a = C.from_config({json.dumps(MXFP8_SECTION)})\n"
         "b = C.from_config({'quant_method': 'mxfp8', 'quant_algo': 'MXFP8', 'exclude_modules': ['lm_head']})\n"
         "print(a.use_mxfp8, a.scale_name, a.weight_block_size, 'model.lm_head' in a.ignored_layers)\n"
         "print(b.use_mxfp8, b.scale_name, b.weight_block_size, 'model.lm_head' in b.ignored_layers)\n"
@@ -141,9 +149,11 @@ def test_moved_patch_target_leaves_sglang_stock_and_refuses_mxfp8_in_one_line():
         "    print('refused', e)\n"
     )
     assert p.returncode == 0, p.stderr[-3000:]
-    line = (f"sglang_mxfp8 patch 'model_config.modelopt_mxfp8': sglang {version('sglang')} has no "
-            "Gone._parse_modelopt_quant_config (tested with sglang 0.5.10.post1 to 0.5.23); MXFP8 checkpoints cannot be "
-            "served on this SGLang, other models run as SGLang ships them")
+    line = (
+        f"sglang_mxfp8 patch 'model_config.modelopt_mxfp8': sglang {version('sglang')} has no "
+        "Gone._parse_modelopt_quant_config (tested with sglang 0.5.10.post1 to 0.5.23); MXFP8 checkpoints cannot be "
+        "served on this SGLang, other models run as SGLang ships them"
+    )
     assert p.stdout.splitlines() == [f"LOG {line}", "imported True", f"refused {line}"]
 
 
@@ -158,7 +168,8 @@ from sglang_mxfp8.kernels.base import LinearSpec
 from sglang_mxfp8.platform import GpuSpec
 cfg = q.QUANTIZATION_METHODS['mxfp8'](is_checkpoint_fp8_serialized=True, use_mxfp8=True)
 m = quant_methods.Mxfp8LinearMethod(cfg, 'model.layers.0.mlp.down_proj')
-m.plan = registry.select_linear(LinearSpec('model.layers.0.mlp.down_proj', 256, 512), GpuSpec('NVIDIA H200', 90), 'triton')
+m.plan = registry.select_linear(LinearSpec('model.layers.0.mlp.down_proj', 256, 512), GpuSpec('NVIDIA H200', 90),
+                                'triton')
 layer = torch.nn.Module(); layer.quant_method = m
 qw, s = quantize_mxfp8(torch.randn(256, 512) * torch.logspace(-2, 2, 512))
 layer.weight = torch.nn.Parameter(qw.clone(), requires_grad=False)
@@ -209,13 +220,17 @@ def test_launch_validation_names_flag_gpu_and_choices(miles_ckpt):
     args = replace(args, moe_flag="flashinfer_trtllm")
     with pytest.raises(Mxfp8LaunchError) as e:
         validate_launch(args, h200)
-    assert e.value.code == ("sglang_mxfp8: --moe-runner-backend flashinfer_trtllm cannot run MXFP8 on NVIDIA H200 (SM90): "
-                            "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_cutlass")
+    assert e.value.code == (
+        "sglang_mxfp8: --moe-runner-backend flashinfer_trtllm cannot run MXFP8 on NVIDIA H200 (SM90): "
+        "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_cutlass"
+    )
     args = replace(args, moe_flag="triton", dense_flag="flashinfer_cutlass")
     with pytest.raises(Mxfp8LaunchError) as e:
         validate_launch(args, h200)
-    assert e.value.code == ("sglang_mxfp8: --fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 (SM90): "
-                            "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_trtllm")
+    assert e.value.code == (
+        "sglang_mxfp8: --fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 (SM90): "
+        "no such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_trtllm"
+    )
 
 
 def _tiny_moe_launch(tmp_path):
@@ -372,8 +387,13 @@ def test_launch_builds_start_before_sglang_parses_only_for_an_mxfp8_launch(tmp_p
     monkeypatch.setattr(platform, "visible_gpu", lambda: GpuSpec("NVIDIA H200", 90))
     monkeypatch.setenv("SGLANG_MXFP8_LAUNCHER", "")  # removed again after the test
     flags = ["--fp8-gemm-backend", "flashinfer_trtllm", "--moe-runner-backend", "triton"]
-    for argv in ([], flags, ["--model-path", str(tmp_path / "bf16")] + flags, ["--model-path", mx, "--config", "x.yaml"],
-                 ["--model-path", mx, "--fp8-gemm-backend", "flashinfer_cutlass"]):  # refused on Hopper
+    for argv in (
+        [],
+        flags,
+        ["--model-path", str(tmp_path / "bf16")] + flags,
+        ["--model-path", mx, "--config", "x.yaml"],
+        ["--model-path", mx, "--fp8-gemm-backend", "flashinfer_cutlass"],
+    ):  # refused on Hopper
         os.environ.pop("SGLANG_MXFP8_LAUNCHER", None)
         monkeypatch.setattr(sys, "argv", ["launch_server.py"] + argv)
         assert launch.start_launch_builds() is None and launch._BUILDING == {}, argv
@@ -541,12 +561,14 @@ else:
 set_global_server_args_for_scheduler(server_args)
 runner = types.SimpleNamespace(
     device="cpu", gpu_id=0, model=Model(), load_config=LoadConfig(), server_args=server_args,
-    model_config=types.SimpleNamespace(model_path=str(root / "A"), revision=None, dtype=torch.bfloat16, quantization=None,
+    model_config=types.SimpleNamespace(model_path=str(root / "A"), revision=None, dtype=torch.bfloat16,
+                                       quantization=None,
                                        hf_config=types.SimpleNamespace(architectures=["Qwen3ForCausalLM"])))
 
 target = runner
 if WeightUpdater is not None:  # the real WeightUpdater SGLang builds for its model runner
-    target = WeightUpdater(tp_rank=0, device="cpu", gpu_id=0, model_config=runner.model_config, custom_weight_loaders={},
+    target = WeightUpdater(tp_rank=0, device="cpu", gpu_id=0, model_config=runner.model_config,
+                           custom_weight_loaders={},
                            get_model=lambda: runner.model, update_model_fields=lambda *a, **k: None,
                            recapture_cuda_graph=lambda: None, get_model_runner=lambda: runner)
 
@@ -596,8 +618,13 @@ refit("nan_weight")  # the rollback to B finds no folder
 
 def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     """Real SGLang update_weights_from_disk + loader on real safetensors files, our real linear method (CPU)."""
-    p = subprocess.run([sys.executable, "-c", REFIT_RUNNER, str(tmp_path), json.dumps(QWEN3_MOE_CONFIG)], capture_output=True, text=True,
-                       timeout=240, cwd="/")
+    p = subprocess.run(
+        [sys.executable, "-c", REFIT_RUNNER, str(tmp_path), json.dumps(QWEN3_MOE_CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd="/",
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [line for line in p.stdout.splitlines() if not line.startswith(("TIME ", "STATE "))]
     # a refit, refused or not, leaves torch's default dtype (the model's is bfloat16 here) and so never recompiles
@@ -615,8 +642,10 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     assert lines[2].endswith(f"Rolled back to {tmp_path / 'B'}.")
     # what the checkpoint's headers show is refused before anything is loaded
     nothing = "Nothing was loaded; the previous weights keep serving."
-    assert lines[3].startswith("missing_scale False B | Failed to update weights: layer.weight: an e4m3 weight "
-                               "without its scale layer.weight_scale_inv in this checkpoint") and lines[3].endswith(nothing)
+    assert lines[3].startswith(
+        "missing_scale False B | Failed to update weights: layer.weight: an e4m3 weight "
+        "without its scale layer.weight_scale_inv in this checkpoint"
+    ) and lines[3].endswith(nothing)
     assert lines[4].startswith("wrong_scale_shape False B | Failed to update weights: layer.weight: weight "
                                "[256, 512] needs a scale of shape [256, 16] (one per 32 along K), the checkpoint "
                                "has [256, 15]") and lines[4].endswith(nothing)
@@ -626,7 +655,10 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     assert lines[7].startswith("nan_weight False A |") and lines[7].endswith(f"Rolled back to {tmp_path / 'A'}.")
     # stock SGLang: its rollback re-reads the bad path, fails again and raises out of the scheduler call
     assert lines[8].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
-    assert lines[9] == f"nan_weight False nan_weight | Failed to update weights: layer.weight: holds NaN e4m3 values. {nothing}"
+    assert (
+        lines[9]
+        == f"nan_weight False nan_weight | Failed to update weights: layer.weight: holds NaN e4m3 values. {nothing}"
+    )
     assert lines[10].startswith("B True B |") and lines[11].startswith("A False B |")
     # a rollback that fails too, by raising or by answering False, is an error naming both paths
     for line in lines[12:14]:
@@ -695,7 +727,9 @@ def test_a_probe_takes_the_first_location_that_has_what_the_patch_needs(monkeypa
 
     assert compat.sglang_object("probe_under_test") is json.JSONDecoder
     assert compat.sglang_object("probe_under_test", has="encode") is json.JSONEncoder
-    with pytest.raises(ImportError, match="found none of json:JSONDecoder, json.gone:Nothing, json:JSONEncoder with dump"):
+    with pytest.raises(
+        ImportError, match="found none of json:JSONDecoder, json.gone:Nothing, json:JSONEncoder with dump"
+    ):
         compat.sglang_object("probe_under_test", has="dump")
 
 
@@ -756,10 +790,12 @@ ckpt = {}
 for name in ("A", "B"):
     w = torch.randn(256, 512) * torch.logspace(-2, 2, 512)
     qw, s = quantize_mxfp8(w)
-    ckpt[name] = {"layer.weight": qw, "layer.weight_scale_inv": s, "norm": torch.full((512,), 2.0, dtype=torch.bfloat16)}
+    ckpt[name] = {"layer.weight": qw, "layer.weight_scale_inv": s,
+                  "norm": torch.full((512,), 2.0, dtype=torch.bfloat16)}
 
 def state():
-    return layer.weight.view(torch.uint8).clone(), layer.mxfp8_state.converter.block_scale.clone(), runner.model.norm.clone()
+    converted = layer.mxfp8_state.converter.block_scale
+    return layer.weight.view(torch.uint8).clone(), converted.clone(), runner.model.norm.clone()
 
 def send(tensors):
     runner._sglang_mxfp8_pending = False

@@ -22,7 +22,8 @@ from sglang_mxfp8.sglang import compat, quant_methods
 import conftest
 
 flags = sys.modules[compat.sglang_object("piecewise_graph_flag").__module__]  # where this SGLang keeps it
-enable_piecewise_cuda_graph = getattr(flags, "enable_piecewise_cuda_graph", None) or flags.enable_tc_piecewise_cuda_graph
+enable_piecewise_cuda_graph = (getattr(flags, "enable_piecewise_cuda_graph", None)
+                               or flags.enable_tc_piecewise_cuda_graph)
 
 conftest.init_fp8_gemm_config(conftest.set_server_args(fp8_gemm_runner_backend="triton"))
 quant_methods.current_gpu = lambda: GpuSpec(*KNOWN_GPUS["h200"])  # the kernel choice an H200 gets

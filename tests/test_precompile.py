@@ -33,7 +33,9 @@ def test_precompile_runs_each_kernel_on_the_batches_it_serves(deep_gemm, max_m, 
     plan = registry.select_linear(LinearSpec("o_proj", 5120, 2048), H200, "auto", Settings())
     ran = []
     for e in plan.entries:
-        monkeypatch.setattr(e.kernel, "precompile", lambda layer, state, lo, hi, name=e.kernel.name: ran.append((name, lo, hi)))
+        monkeypatch.setattr(
+            e.kernel, "precompile", lambda layer, state, lo, hi, name=e.kernel.name: ran.append((name, lo, hi))
+        )
     plan.precompile(torch.nn.Module(), None, max_m)
     assert ran == expected
 

@@ -62,8 +62,16 @@ def _reference(q, s, br):
 
 
 @pytest.mark.parametrize("br", [1, 128])
-@pytest.mark.parametrize("groups,rows,k,chunk", [(3, 384, 320, 1 << 24), (3, 384, 320, 128 * 128),
-                                                 (1, 200, 256, 1 << 24), (1, 200, 256, 64 * 256), (2, 200, 96, 1 << 24)])
+@pytest.mark.parametrize(
+    "groups,rows,k,chunk",
+    [
+        (3, 384, 320, 1 << 24),
+        (3, 384, 320, 128 * 128),
+        (1, 200, 256, 1 << 24),
+        (1, 200, 256, 64 * 256),
+        (2, 200, 96, 1 << 24),
+    ],
+)
 def test_whole_and_block_by_block_conversions_write_what_the_numerics_do(monkeypatch, br, groups, rows, k, chunk):
     """A whole load (one matrix in steps, steps across group borders) and a partial reload (group by group) give the
     bytes, scales and change count of each group converted from scratch; zero blocks and subnormal results included."""
@@ -188,8 +196,11 @@ def test_load_tracker_refuses_a_weight_loaded_without_its_scale():
         w13.weight_loader(w13, _fp8(8, 64), f"experts.{e}.up_proj.weight", shard_id="w3", expert_id=e)
         if e != 2:
             s13.weight_loader(s13, _u8(8, 2), f"experts.{e}.up_proj.weight_scale_inv", shard_id="w3", expert_id=e)
-    with pytest.raises(ValueError, match=r"experts\.w13_weight: the checkpoint loaded this weight \(shards \('w3', 2\)\) "
-                                         r"without its scale tensor"):
+    with pytest.raises(
+        ValueError,
+        match=r"experts\.w13_weight: the checkpoint loaded this weight \(shards \('w3', 2\)\) "
+        r"without its scale tensor",
+    ):
         moe.check()
     moe.check()  # the sets were reset: a load that touched nothing passes
 
@@ -226,7 +237,9 @@ def test_a_refit_of_scales_alone_reaches_rows_the_conversion_left_unchanged(br):
     assert (s == s[0, 0]).all()  # one exponent everywhere: the conversion changes no byte
     weight, scale = q.clone(), s.clone()
     conv = BlockScaleConverter(1, 256, 256, br, "cpu", "model.layers.0.mlp.down_proj")
-    assert conv.refresh(weight, scale).changed_elements == 0 and torch.equal(weight.view(torch.uint8), q.view(torch.uint8))
+    assert conv.refresh(weight, scale).changed_elements == 0 and torch.equal(
+        weight.view(torch.uint8), q.view(torch.uint8)
+    )
     s2 = s.clone()
     s2[:128] += 3  # the first 128 rows' values times 8; their weight bytes as before
     weight.copy_(q), scale.copy_(s2)  # what the loader writes for that checkpoint
@@ -241,8 +254,10 @@ def test_load_tracker_checks_every_expert_of_w13_and_w2():
 
     params = {}
     for name, shape in (("w13", (4, 16, 64)), ("w2", (4, 64, 32))):
-        params[name] = (torch.nn.Parameter(torch.zeros(*shape, dtype=torch.float8_e4m3fn), requires_grad=False),
-                        torch.nn.Parameter(torch.zeros(*shape[:-1], shape[-1] // 32, dtype=torch.uint8), requires_grad=False))
+        params[name] = (
+            torch.nn.Parameter(torch.zeros(*shape, dtype=torch.float8_e4m3fn), requires_grad=False),
+            torch.nn.Parameter(torch.zeros(*shape[:-1], shape[-1] // 32, dtype=torch.uint8), requires_grad=False),
+        )
         for p in params[name]:
             p.weight_loader = _moe_style_loader_rows
     tracker = LoadTracker("model.layers.0.mlp.experts", params)
@@ -262,8 +277,11 @@ def test_load_tracker_checks_every_expert_of_w13_and_w2():
                 load(e, shard, **{part: (e, shard) != leave_out.get(part) for part in ("scale", "weight")})
 
     load_all(scale=(3, "w2"))
-    with pytest.raises(ValueError, match=r"experts\.w2_weight: the checkpoint loaded this weight \(shards \('w2', 3\)\) "
-                                         r"without its scale tensor"):
+    with pytest.raises(
+        ValueError,
+        match=r"experts\.w2_weight: the checkpoint loaded this weight \(shards \('w2', 3\)\) "
+        r"without its scale tensor",
+    ):
         tracker.check()
     load_all(weight=(1, "w1"))
     with pytest.raises(ValueError, match=r"experts\.w13_weight: the checkpoint loaded the scale \(shards \('w1', 1\)\) "
@@ -308,7 +326,9 @@ def bf16_in_equals_convert(tmp_path, rounding, device):
     (tmp_path / "bf16" / "config.json").write_text('{"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 1}')
     convert(tmp_path / "bf16", tmp_path / "mx", progress=False, rounding=rounding)
     written = load_file(str(tmp_path / "mx" / "model.safetensors"))
-    assert json.loads((tmp_path / "mx" / "config.json").read_text())["quantization_config"]["scale_rounding"] == rounding
+    assert (
+        json.loads((tmp_path / "mx" / "config.json").read_text())["quantization_config"]["scale_rounding"] == rounding
+    )
 
     trainer = {name: t.to(device) for name, t in trainer.items()}
     dense_w = ModelWeightParameter(data=torch.zeros(64, 256, dtype=torch.float8_e4m3fn, device=device), input_dim=1,
@@ -401,7 +421,9 @@ def test_a_reload_whose_rows_keep_their_byte_sums_is_converted_again(br):
     fresh = BlockScaleConverter(1, 256, 320, br, "cpu", "fresh")
     fresh.refresh(fresh_w, s)
     assert stats.converted_rows == 256
-    assert torch.equal(w.view(torch.uint8), fresh_w.view(torch.uint8)) and torch.equal(conv.block_scale, fresh.block_scale)
+    assert torch.equal(w.view(torch.uint8), fresh_w.view(torch.uint8)) and torch.equal(
+        conv.block_scale, fresh.block_scale
+    )
 
 
 STORAGE = r"""
@@ -481,12 +503,17 @@ def test_a_tensor_update_is_checked_whole_before_anything_is_written():
     assert refused_update(list(good.items())) is None
     for what in SPOILS:
         if what != "missing_folder":
-            update = {**{n: t for n, t in good.items() if not n.startswith(w)}, **spoiled(what, w, good, "weight_scale_inv")}
+            update = {
+                **{n: t for n, t in good.items() if not n.startswith(w)},
+                **spoiled(what, w, good, "weight_scale_inv"),
+            }
             assert refused_update(list(update.items())).startswith(f"{w}: "), what
     for bad_value in (float("nan"), float("inf"), float("-inf")):
         norm = good["model.norm.weight"].clone()
         norm[7] = bad_value
-        assert refused_update(list({**good, "model.norm.weight": norm}.items())) == "model.norm.weight: holds NaN or Inf"
+        assert (
+            refused_update(list({**good, "model.norm.weight": norm}.items())) == "model.norm.weight: holds NaN or Inf"
+        )
     nan_scale = s.clone()
     nan_scale[5, 2] = 255
     assert refused_update([(w, q), (f"{w}_scale_inv", nan_scale)]) == f"{w}_scale_inv: holds NaN scale bytes (255)"

@@ -168,21 +168,30 @@ def test_auto_never_picks_trtllm_gen_on_blackwell(libraries):
 
 
 def test_without_flashinfer_auto_takes_triton_and_a_named_flashinfer_flag_fails(libraries, monkeypatch):
-    monkeypatch.setattr(platform, "flashinfer_missing", lambda: "FlashInfer is not installed (pip install flashinfer-python)")
+    monkeypatch.setattr(
+        platform, "flashinfer_missing", lambda: "FlashInfer is not installed (pip install flashinfer-python)"
+    )
     assert dense(H200, "auto", 512, 512).base.name == T
     with pytest.raises(Mxfp8ConfigError, match="FlashInfer is not installed"):
         dense(H200, "flashinfer_trtllm", 512, 512)
     assert r.flag_choices("linear", H200) == ("auto", "triton")
 
 
-@pytest.mark.parametrize("gpu,flag,match", [
-    (H200, "flashinfer_cutlass", r"^--fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 \(SM90\): no "
-                                 r"such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_trtllm$"),
-    (H200, "deep_gemm", r"--fp8-gemm-backend deep_gemm .*not an MXFP8 dense backend"),
-    (RTX, "flashinfer_trtllm", r"RTX PRO 6000 \(SM120\).*auto, triton, flashinfer_cutlass$"),
-    (A100, "auto", r"NVIDIA A100 \(SM80\) has none"),
-    (L40, "auto", r"NVIDIA L40S \(SM89\) has none"),
-])
+@pytest.mark.parametrize(
+    "gpu,flag,match",
+    [
+        (
+            H200,
+            "flashinfer_cutlass",
+            r"^--fp8-gemm-backend flashinfer_cutlass cannot run MXFP8 on NVIDIA H200 \(SM90\): no "
+            r"such kernel for this architecture; valid choices on this GPU: auto, triton, flashinfer_trtllm$",
+        ),
+        (H200, "deep_gemm", r"--fp8-gemm-backend deep_gemm .*not an MXFP8 dense backend"),
+        (RTX, "flashinfer_trtllm", r"RTX PRO 6000 \(SM120\).*auto, triton, flashinfer_cutlass$"),
+        (A100, "auto", r"NVIDIA A100 \(SM80\) has none"),
+        (L40, "auto", r"NVIDIA L40S \(SM89\) has none"),
+    ],
+)
 def test_dense_errors_are_one_line_and_name_flag_gpu_choices(libraries, gpu, flag, match):
     with pytest.raises(Mxfp8ConfigError, match=match) as e:
         dense(gpu, flag, 512, 512)
@@ -221,7 +230,9 @@ def test_moe_layers_our_kernels_cannot_compute_stay_on_triton(libraries, spec_ch
         assert plan.bands() == {"2048+ tokens": "cutlass_moe", "other batches": "triton_moe"}
     else:
         assert plan.bands() == {"other batches": "triton_moe"}
-    assert all(why in reason for e, reason in plan.skipped if e.kernel.name != "cutlass_moe" or "dtype" not in spec_change)
+    assert all(
+        why in reason for e, reason in plan.skipped if e.kernel.name != "cutlass_moe" or "dtype" not in spec_change
+    )
 
 
 @pytest.mark.parametrize("gpu,flag,base", [
@@ -237,13 +248,24 @@ def test_blackwell_moe_plans(libraries, gpu, flag, base):
     assert plan.base.up_proj_first == (flag == "flashinfer_cutlass")
 
 
-@pytest.mark.parametrize("gpu,flag,match", [
-    (H200, "flashinfer_trtllm", r"--moe-runner-backend flashinfer_trtllm cannot run MXFP8 on NVIDIA H200 \(SM90\): no "
-                                r"such kernel for this architecture; valid choices on this GPU: auto, triton, "
-                                r"flashinfer_cutlass$"),
-    (B200, "triton", r"B200 \(SM100\).*auto, flashinfer_cutlass, flashinfer_trtllm, flashinfer_trtllm_routed, cutlass$"),
-    (RTX, "auto", r"no MXFP8 MoE kernel exists for NVIDIA RTX PRO 6000 \(SM120\)"),
-])
+@pytest.mark.parametrize(
+    "gpu,flag,match",
+    [
+        (
+            H200,
+            "flashinfer_trtllm",
+            r"--moe-runner-backend flashinfer_trtllm cannot run MXFP8 on NVIDIA H200 \(SM90\): no "
+            r"such kernel for this architecture; valid choices on this GPU: auto, triton, "
+            r"flashinfer_cutlass$",
+        ),
+        (
+            B200,
+            "triton",
+            r"B200 \(SM100\).*auto, flashinfer_cutlass, flashinfer_trtllm, flashinfer_trtllm_routed, cutlass$",
+        ),
+        (RTX, "auto", r"no MXFP8 MoE kernel exists for NVIDIA RTX PRO 6000 \(SM120\)"),
+    ],
+)
 def test_moe_errors(libraries, gpu, flag, match):
     with pytest.raises(Mxfp8ConfigError, match=match) as e:
         moe(gpu, flag)
@@ -273,7 +295,10 @@ def test_disabled_kernels_are_skipped_with_the_setting_named(libraries):
     plan = dense(H200, "auto", 5120, 2048, settings=settings)
     assert plan.bands() == {"1024+ tokens": C, "other batches": F}
     assert ("gemv", "SGLANG_MXFP8_DISABLED_KERNELS lists it") in [(e.kernel.name, why) for e, why in plan.skipped]
-    assert moe(H200, "auto", settings=settings).bands() == {"1024+ tokens": "deepgemm_moe", "other batches": "triton_moe"}
+    assert moe(H200, "auto", settings=settings).bands() == {
+        "1024+ tokens": "deepgemm_moe",
+        "other batches": "triton_moe",
+    }
     with pytest.raises(Mxfp8ConfigError, match=r"--fp8-gemm-backend triton cannot run MXFP8 on NVIDIA H200 \(SM90\): "
                                                "SGLANG_MXFP8_DISABLED_KERNELS lists it"):
         dense(H200, "triton", 5120, 2048, settings=Settings(disabled_kernels=frozenset({"triton_w8a8"})))
@@ -303,7 +328,8 @@ def test_compile_jobs_setting(value, jobs, warned):
 
 
 OPTED_IN = Settings.from_env({"SGLANG_MXFP8_ENABLED_KERNELS": "triton_w8a8_moe, flashinfer_cutlass_moe_sm90"})
-SHAPES = [(2048, 768), (2880, 2880), (2048, 96), (576, 768), (4096, 1536)]  # (hidden, intermediate): on and off the grid
+# (hidden, intermediate): on and off the grid
+SHAPES = [(2048, 768), (2880, 2880), (2048, 96), (576, 768), (4096, 1536)]
 
 
 @pytest.mark.parametrize("gpu", [H200, B200, RTX, THOR])
@@ -369,12 +395,28 @@ def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16(libraries, flag):
     assert plan.base.name == "triton_w8a8_moe" and 0.515 < ratio <= 0.55, ratio  # FP8 + scales alone: 0.5156x
 
 
-@pytest.mark.parametrize("deep_gemm,disabled,bands", [
-    (False, "", {"1 token": "moe_gemv", "2+ tokens": "triton_w8a8_moe", "other batches": "flashinfer_cutlass_moe_sm90"}),
-    (True, "", {"1 token": "moe_gemv", "1024+ tokens": "deepgemm_moe", "2+ tokens": "triton_w8a8_moe",
-                "other batches": "flashinfer_cutlass_moe_sm90"}),
-    (True, "moe_gemv,triton_w8a8_moe,deepgemm_moe", {"other batches": "flashinfer_cutlass_moe_sm90"}),  # pure FlashInfer
-])
+@pytest.mark.parametrize(
+    "deep_gemm,disabled,bands",
+    [
+        (
+            False,
+            "",
+            {"1 token": "moe_gemv", "2+ tokens": "triton_w8a8_moe", "other batches": "flashinfer_cutlass_moe_sm90"},
+        ),
+        (
+            True,
+            "",
+            {
+                "1 token": "moe_gemv",
+                "1024+ tokens": "deepgemm_moe",
+                "2+ tokens": "triton_w8a8_moe",
+                "other batches": "flashinfer_cutlass_moe_sm90",
+            },
+        ),
+        # pure FlashInfer
+        (True, "moe_gemv,triton_w8a8_moe,deepgemm_moe", {"other batches": "flashinfer_cutlass_moe_sm90"}),
+    ],
+)
 def test_flashinfer_cutlass_on_hopper_takes_the_measured_bands_beside_flashinfers_moe(libraries, deep_gemm, disabled,
                                                                                       bands):
     """FlashInfer's fused MoE stays the base (its [up; gate] w13 order is the layer's); the band kernels that read
@@ -397,7 +439,9 @@ def test_flashinfer_cutlass_on_hopper_takes_the_measured_bands_beside_flashinfer
 def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe(libraries, monkeypatch):
     from sglang_mxfp8.ops.flashinfer_jit import fused_moe
 
-    plan = moe(H200, "flashinfer_cutlass", settings=Settings(disabled_kernels=frozenset({"moe_gemv", "triton_w8a8_moe"})))
+    plan = moe(
+        H200, "flashinfer_cutlass", settings=Settings(disabled_kernels=frozenset({"moe_gemv", "triton_w8a8_moe"}))
+    )
     assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"} and plan.base.up_proj_first
     assert not r.native("moe", H200, "flashinfer_cutlass")
     assert moe(H200, "auto").base.name == "triton_moe"  # auto: the measured Hopper list (FlashInfer's MoE slower)

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 CODE = r"""
 import torch
 from sglang_mxfp8.ops import triton_sm90 as th
-from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
+from sglang_mxfp8.format.numerics import (convert_to_block_scales, dequantize_block_fp8, quantize_activation_1x128,
+                                          quantize_mxfp8)
 torch.manual_seed(0)
 worst = 0.0
 for m, n, k in [(1, 64, 128), (7, 200, 352), (33, 130, 256), (16, 96, 96), (70, 64, 160), (130, 72, 160)]:
@@ -150,7 +151,9 @@ def test_interpreted_weight_only_moe_matches_float64_reference():
     assert float(p.stdout.split()[-1]) < 1e-5  # exact expert weights, fp32 operands and accumulation
 
 
-MOE_W8A8 = ALIGN + r"""
+MOE_W8A8 = (
+    ALIGN
+    + r"""
 import torch.nn.functional as F
 from sglang_mxfp8.ops import triton_sm90 as th
 from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
@@ -181,7 +184,8 @@ for e_count, h, inter, top_k, m in [(4, 96, 96, 2, 5), (4, 576, 160, 3, 17), (8,
     x = torch.randn(m, h) * torch.logspace(-1, 1, h)
     tw, ids = torch.topk(torch.softmax(torch.randn(m, e_count), -1), top_k, dim=-1)
     tw, ids = (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
-    for cfg in (dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2), dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2)):
+    for cfg in (dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=2),
+                dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2)):
         # the GEMM alone, on the host quantizer's activation: its indexing, masks and scales against float64
         q, s = quantize_activation_1x128(x)
         sorted_ids, expert_ids, padded = align(ids, cfg["BLOCK_M"], e_count)
@@ -221,6 +225,7 @@ for e_count, h, inter, top_k, m in [(4, 96, 96, 2, 5), (4, 576, 160, 3, 17), (8,
     moe_worst = max(moe_worst, err)
 print(f"{gemm_worst:.8f} {moe_worst:.6f}")
 """
+)
 
 
 def test_interpreted_masked_w8a8_moe_matches_float64_reference():
@@ -367,7 +372,8 @@ a, a_s = th.silu_mul_quant(h, seg_end, end)
 assert a_s.stride() == (1, 400)
 a_up, a_s_up = th.silu_mul_quant(torch.cat([h[:, inter:], h[:, :inter]], 1), seg_end, end, up_first=True)
 for lo, hi in [(0, 20), (128, 165), (256, 384)]:  # [up | gate] in: the same bits on the rows that hold a slot
-    assert torch.equal(a_up[lo:hi].view(torch.uint8), a[lo:hi].view(torch.uint8)) and torch.equal(a_s_up[lo:hi], a_s[lo:hi])
+    assert torch.equal(a_up[lo:hi].view(torch.uint8), a[lo:hi].view(torch.uint8))
+    assert torch.equal(a_s_up[lo:hi], a_s[lo:hi])
 act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(torch.bfloat16).float()
 for lo, hi in [(0, 20), (128, 165), (256, 384)]:
     assert torch.allclose(a_s[lo:hi], quantize_activation_1x128(act[lo:hi])[1], rtol=1e-2, atol=0), (lo, hi)

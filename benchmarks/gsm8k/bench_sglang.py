@@ -79,7 +79,9 @@ class ServerDown(RuntimeError):
 
 def make_session(retries: int) -> requests.Session:
     s = requests.Session()
-    retry = Retry(total=retries, connect=retries, backoff_factor=0.5, status_forcelist=(502, 503, 504), allowed_methods=None)
+    retry = Retry(
+        total=retries, connect=retries, backoff_factor=0.5, status_forcelist=(502, 503, 504), allowed_methods=None
+    )
     s.mount("http://", HTTPAdapter(max_retries=retry, pool_maxsize=1024))
     return s
 

@@ -55,7 +55,7 @@ def _generator(seed_text: str):
     return torch.Generator(device="cuda").manual_seed(sum(map(ord, seed_text)))
 
 
-# -- dense ---------------------------------------------------------------------------------------------------------------
+# -- dense -------------------------------------------------------------------------------------------------------------
 def _dense_layers(plan, q, s, copies: int) -> list:
     import torch
 
@@ -130,7 +130,7 @@ def dense_rows(env: Environment, shape: DenseShape, opts: LayerOptions, deadline
         record(rows)
 
 
-# -- MoE -----------------------------------------------------------------------------------------------------------------
+# -- MoE ---------------------------------------------------------------------------------------------------------------
 def moe_reference(x, w13, w2, topk_weights, topk_ids):
     """The MoE in float32 on the unquantized weights (w13 [E, 2I, H] as [gate; up]): SiLU-gated experts, the
     router weights applied to each expert's output, summed over the top-k."""
@@ -253,7 +253,8 @@ def moe_rows(env: Environment, shape: MoEShape, opts: LayerOptions, deadline: fl
 
 
 def run(env: Environment, opts: LayerOptions, deadline: float, record: Callable[[List[Row]], None]) -> None:
-    """Every dense layer, then the MoE layer, of each shape set; each batch size's rows recorded as they are measured."""
+    """Every dense layer, then the MoE layer, of each shape set; each batch size's rows recorded as they are
+    measured."""
     for dense, moe in opts.shapes():
         for shape in dense:
             dense_rows(env, shape, opts, deadline, record)

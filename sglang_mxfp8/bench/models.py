@@ -85,8 +85,10 @@ def from_user(model: str, bf16_model: Optional[str], root: Path) -> ServedPair:
     tokenizer = any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
     if detect_checkpoint(path) is not None:
         if not bf16_model or not (Path(bf16_model) / "config.json").is_file():
-            raise ModelError(f"--model {model} is MXFP8: pass the BF16 checkpoint it was converted from as --bf16-model "
-                             "(every figure is MXFP8 against BF16 in the same run)")
+            raise ModelError(
+                f"--model {model} is MXFP8: pass the BF16 checkpoint it was converted from as --bf16-model "
+                "(every figure is MXFP8 against BF16 in the same run)"
+            )
         return ServedPair(Path(bf16_model), path, path.name, tokenizer)
     from ..format.convert import MARKER, convert
 

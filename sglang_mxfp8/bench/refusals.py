@@ -133,7 +133,8 @@ def spoiled(what: str, weight_name: str, tensors: dict, scale_name: str) -> dict
 
 
 def write_folder(ckpt: Path, tensors: dict, folder: Path) -> Path:
-    """``tensors`` as a checkpoint folder beside ``ckpt``'s config (a partial checkpoint: SGLang loads what is there)."""
+    """``tensors`` as a checkpoint folder beside ``ckpt``'s config (a partial checkpoint: SGLang loads what is
+    there)."""
     from safetensors.torch import save_file
 
     if folder.exists():
@@ -196,7 +197,9 @@ class RefitSequence:
         (A's defaults to this server's own before the first step)."""
         rng = random.Random(self.seed)
         targets, scale_name = spoil_targets(self.ckpts["A"])
-        originals = read_checkpoint(self.ckpts["A"], {n for t in targets for n in (t, t[: -len("weight")] + scale_name)})
+        originals = read_checkpoint(
+            self.ckpts["A"], {n for t in targets for n in (t, t[: -len("weight")] + scale_name)}
+        )
         reference = dict(fresh or {})
         before = self._outputs()
         reference.setdefault("A", before)

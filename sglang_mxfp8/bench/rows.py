@@ -114,7 +114,9 @@ def validate(row: dict) -> dict:
     if row["better"] not in BETTER:
         raise SchemaError(f"row field 'better': {row['better']!r} is neither 'lower' nor 'higher'")
     expected = advantage(row["mxfp8"], row["bf16"], row["better"])
-    if (expected is None) != (row["ratio"] is None) or (expected is not None and abs(expected - row["ratio"]) > 1e-6 * expected):
+    if (expected is None) != (row["ratio"] is None) or (
+        expected is not None and abs(expected - row["ratio"]) > 1e-6 * expected
+    ):
         raise SchemaError(f"row field 'ratio': {row['ratio']} does not follow from mxfp8 {row['mxfp8']} and bf16 "
                           f"{row['bf16']} ({row['better']} is better)")
     return row

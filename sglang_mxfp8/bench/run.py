@@ -43,10 +43,20 @@ SUITES = {
     # about 12 minutes on one H100 / H200, most of it the two servers' first starts on empty caches (2-3.5 minutes
     # each for the 16-layer model on an H100): each server started once, the recommended flags against BF16
     "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 16, SMOKE_TESTS),
-    "full": Suite(SUITE_ROUTINES, LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
-                  ServeOptions(prompts={1: 16, 16: 128, 128: 512}, mx_flags=(RECOMMENDED_FLAGS,
-                                                                             "--fp8-gemm-backend auto --moe-runner-backend auto"),
-                               restart=True, cold_refit=True, gsm8k_questions=1319, alternating_refits=20), 16, None),
+    "full": Suite(
+        SUITE_ROUTINES,
+        LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
+        ServeOptions(
+            prompts={1: 16, 16: 128, 128: 512},
+            mx_flags=(RECOMMENDED_FLAGS, "--fp8-gemm-backend auto --moe-runner-backend auto"),
+            restart=True,
+            cold_refit=True,
+            gsm8k_questions=1319,
+            alternating_refits=20,
+        ),
+        16,
+        None,
+    ),
 }
 
 
@@ -177,8 +187,10 @@ def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progre
         else:
             folder = work / "models" / f"qwen3-30b-a3b-shaped-{suite.model_layers}l-seed0"
             cached = (folder / "mxfp8" / "config.json").is_file()
-            describe_model = (f"model: a random Qwen3-30B-A3B-shaped model of {suite.model_layers} layers and its MXFP8 "
-                              f"conversion in {folder} ({'written already' if cached else 'written once'})")
+            describe_model = (
+                f"model: a random Qwen3-30B-A3B-shaped model of {suite.model_layers} layers and its MXFP8 "
+                f"conversion in {folder} ({'written already' if cached else 'written once'})"
+            )
 
         def prepare():
             state["pair"] = (models.from_user(args.model, args.bf16_model, work / "models") if args.model
@@ -226,7 +238,9 @@ def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progre
             os.environ.update(cache_env(mx_caches if mx_caches.is_dir() else work / "caches" / "layers", fresh=False))
             layer_routine.run(state["env"], suite.layers, deadline(), record)
 
-        steps.append(Step("layers", layer_routine.estimate_s(suite.layers), layers, layer_routine.describe(suite.layers)))
+        steps.append(
+            Step("layers", layer_routine.estimate_s(suite.layers), layers, layer_routine.describe(suite.layers))
+        )
     if "tests" in routines:
         def tests():
             from .rows import measurement

@@ -6,7 +6,8 @@ at each concurrency from SGLang's own ``python -m sglang.bench_serving`` (random
 request is the same size for both servers), greedy outputs on fixed prompts (MXFP8's read against BF16's, also
 teacher-forced on BF16's tokens), ``/update_weights_from_disk`` timed, and, for MXFP8, the refit-under-load check and
 refits it must refuse, each then requests answered on the weights it served (:mod:`.refusals`; with --suite full also
-refits alternating with a second checkpoint, each against a fresh server); then, where asked, a restart on the caches that start left. Rows pair each MXFP8 value with BF16's.
+refits alternating with a second checkpoint, each against a fresh server); then, where asked, a restart on the caches
+that start left. Rows pair each MXFP8 value with BF16's.
 """
 
 from __future__ import annotations
@@ -178,7 +179,11 @@ def experts_per_token(ckpt: Path) -> int:
 def routed_layers(ckpt: Path) -> Optional[int]:
     """Layers per token in a routing capture: the checkpoint's hidden layers where each is a MoE layer, else None."""
     config = _text_config(ckpt)
-    if config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1 or config.get("first_k_dense_replace"):
+    if (
+        config.get("mlp_only_layers")
+        or config.get("decoder_sparse_step", 1) != 1
+        or config.get("first_k_dense_replace")
+    ):
         return None
     return config.get("num_hidden_layers")
 

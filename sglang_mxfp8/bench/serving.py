@@ -92,7 +92,9 @@ class Server:
         url = f"http://127.0.0.1:{self.port}/health_generate"
         while time.time() - self.t0 < timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"[{self.name}] exited {self.proc.returncode}; tail:\n{self.log.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"[{self.name}] exited {self.proc.returncode}; tail:\n{self.log.read_text()[-3000:]}"
+                )
             try:
                 if requests.get(url, timeout=5).status_code == 200:
                     print(f"[{self.name}] up after {time.time() - self.t0:.0f} s", flush=True)
@@ -123,7 +125,9 @@ class Server:
         return out
 
     def refit(self, path):
-        r = requests.post(f"http://127.0.0.1:{self.port}/update_weights_from_disk", json={"model_path": path}, timeout=300)
+        r = requests.post(
+            f"http://127.0.0.1:{self.port}/update_weights_from_disk", json={"model_path": path}, timeout=300
+        )
         return r.status_code, r.json()
 
     def stop(self):

@@ -46,7 +46,9 @@ def write_tokenizer(out: Path, vocab: int) -> None:
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(TOKENIZER_CORPUS * 10, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(out)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(
+        out
+    )
 
 
 def write_qwen3_moe(out: str | Path, seed: int = 0, std: float = 0.05, tokenizer: bool = False, device: str = "cpu",
@@ -64,8 +66,11 @@ def write_qwen3_moe(out: str | Path, seed: int = 0, std: float = 0.05, tokenizer
     def rnd(*shape, scale=std):
         return (torch.randn(*shape, generator=g, device=device) * scale).to(torch.bfloat16).cpu()
 
-    t = {"model.embed_tokens.weight": rnd(vocab, h, scale=1.0), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16),
-         "lm_head.weight": rnd(vocab, h)}
+    t = {
+        "model.embed_tokens.weight": rnd(vocab, h, scale=1.0),
+        "model.norm.weight": torch.ones(h, dtype=torch.bfloat16),
+        "lm_head.weight": rnd(vocab, h),
+    }
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)

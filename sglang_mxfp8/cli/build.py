@@ -49,7 +49,10 @@ def _build(args) -> int:
         return 2
     gpu = gpu_from_arg(args.gpu)
     if gpu is None:
-        print("sglang-mxfp8 build: no GPU is visible here; name the server's with --gpu h100 or --gpu h200", file=sys.stderr)
+        print(
+            "sglang-mxfp8 build: no GPU is visible here; name the server's with --gpu h100 or --gpu h200",
+            file=sys.stderr,
+        )
         return 2
     if gpu.arch != "sm90":
         print(f"sglang-mxfp8 build: nothing to compile ahead for {gpu.label}: only Hopper's kernels are compiled at a "

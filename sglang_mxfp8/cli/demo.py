@@ -21,7 +21,12 @@ def _cpu_check(bf16: Path, mx: Path) -> List[str]:
     import torch
     from safetensors.torch import load_file
 
-    from ..format.numerics import convert_to_block_scales, dequantize_block_fp8, dequantize_mxfp8, quantize_activation_1x128
+    from ..format.numerics import (
+        convert_to_block_scales,
+        dequantize_block_fp8,
+        dequantize_mxfp8,
+        quantize_activation_1x128,
+    )
 
     a, b = load_file(str(bf16 / "model.safetensors")), load_file(str(mx / "model.safetensors"))
     worst, name_worst = 0.0, ""
@@ -54,7 +59,9 @@ def demo(args) -> int:
         print(f"demo: writing its checkpoints to {work}")
         return _demo(args, work)
     work = Path(tempfile.mkdtemp(prefix="sglang_mxfp8_demo_"))
-    print(f"demo: writing its checkpoints to {work} ({'kept' if args.keep else 'removed at the end; --keep keeps them'})")
+    print(
+        f"demo: writing its checkpoints to {work} ({'kept' if args.keep else 'removed at the end; --keep keeps them'})"
+    )
     try:
         return _demo(args, work)
     finally:

@@ -27,7 +27,9 @@ def _pkg(name: str) -> str:
 def gpu_from_arg(arg: Optional[str]) -> Optional[GpuSpec]:
     if arg:
         if arg.lower() not in KNOWN_GPUS:
-            raise SystemExit(f"--gpu {arg}: choose one of {', '.join(KNOWN_GPUS)} (or omit it to use this machine's GPU)")
+            raise SystemExit(
+                f"--gpu {arg}: choose one of {', '.join(KNOWN_GPUS)} (or omit it to use this machine's GPU)"
+            )
         return GpuSpec(*KNOWN_GPUS[arg.lower()])
     from ..platform import visible_gpu
 
@@ -60,10 +62,20 @@ def doctor(args) -> int:
 
 
 def report(args, gpu: Optional[GpuSpec]) -> int:
-    print(f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')}  flashinfer {_pkg('flashinfer-python')}  torch {_pkg('torch')}")
+    print(
+        f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')}  flashinfer {_pkg('flashinfer-python')}  "
+        f"torch {_pkg('torch')}"
+    )
     print(f"startup hook: {startup_hook_status()}")
-    print("\n".join(textwrap.wrap(f"kernels: {', '.join(registry.kernel_names())} "
-                                  "(SGLANG_MXFP8_DISABLED_KERNELS=name,... turns any off)", 100, subsequent_indent="  ")))
+    print(
+        "\n".join(
+            textwrap.wrap(
+                f"kernels: {', '.join(registry.kernel_names())} (SGLANG_MXFP8_DISABLED_KERNELS=name,... turns any off)",
+                100,
+                subsequent_indent="  ",
+            )
+        )
+    )
     if gpu is None:
         print("GPU: none visible (pass --gpu h200|b200|... to see what a GPU would run)")
     else:
@@ -103,7 +115,9 @@ def checkpoint_report(ckpt: Path, gpu: Optional[GpuSpec], args) -> int:
         return 1
     fmt = checkpoint.detect_checkpoint(ckpt)
     flavor = "ModelOpt" if fmt.flavor == checkpoint.MODELOPT else "SGLang/miles"
-    print(f"checkpoint: {ckpt} ({flavor} MXFP8, scales '{fmt.scale_name}', {len(fmt.ignored)} modules kept unquantized)")
+    print(
+        f"checkpoint: {ckpt} ({flavor} MXFP8, scales '{fmt.scale_name}', {len(fmt.ignored)} modules kept unquantized)"
+    )
     if gpu is None:  # the checkpoint is checked; which kernel each layer gets depends on the GPU
         print("  kernels per layer: pass --gpu h200|b200|... to see them")
         return 0

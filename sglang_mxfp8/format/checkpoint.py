@@ -206,7 +206,9 @@ def _structure_problem(name: str, t, names: dict, scale_name: str, where: str) -
             return (f"{name}: weight {list(t.shape)} needs a scale of shape {scale_shape(t.shape)} (one per {MX_BLOCK} "
                     f"along K), the {where} has {list(scale.shape)}")
     elif t.is_floating_point() and t.element_size() == 1:
-        return f"{name}: {t.dtype} is not an MXFP8 element type; MXFP8 weights are torch.float8_e4m3fn with a uint8 scale"
+        return (
+            f"{name}: {t.dtype} is not an MXFP8 element type; MXFP8 weights are torch.float8_e4m3fn with a uint8 scale"
+        )
     return None
 
 

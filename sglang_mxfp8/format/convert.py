@@ -158,7 +158,8 @@ def open_shard(path: Path):
 
 
 def _shards(src: Path) -> List[str]:
-    """The checkpoint's safetensors files: those its index names (plain file names in ``src`` only), else *.safetensors."""
+    """The checkpoint's safetensors files: those its index names (plain file names in ``src`` only), else
+    *.safetensors."""
     index = src / "model.safetensors.index.json"
     if index.is_file():
         weight_map = read_json(index).get("weight_map")
@@ -166,8 +167,15 @@ def _shards(src: Path) -> List[str]:
             raise ConvertError(f"{index}: no weight_map; pass a Hugging Face checkpoint folder")
         names = sorted(set(weight_map.values()))
         for name in names:
-            if not isinstance(name, str) or Path(name).name != name or name in (".", "..") or not name.endswith(".safetensors"):
-                raise ConvertError(f"{index}: shard {name!r} is not a plain *.safetensors file name in the checkpoint folder")
+            if (
+                not isinstance(name, str)
+                or Path(name).name != name
+                or name in (".", "..")
+                or not name.endswith(".safetensors")
+            ):
+                raise ConvertError(
+                    f"{index}: shard {name!r} is not a plain *.safetensors file name in the checkpoint folder"
+                )
             if not (src / name).is_file():
                 raise ConvertError(f"{index}: shard {name} is not in {src}")
         return names
@@ -181,7 +189,9 @@ def _check_output(src: Path, dst: Path, force: bool) -> None:
     """Refuse an output that is the input, lies inside it or holds it, or holds files we did not write."""
     s, d = src.resolve(), dst.resolve()
     if s == d or s in d.parents or d in s.parents:
-        raise ConvertError(f"{dst}: the output folder must be apart from the input {src} (not it, inside it, nor holding it)")
+        raise ConvertError(
+            f"{dst}: the output folder must be apart from the input {src} (not it, inside it, nor holding it)"
+        )
     if d.exists() and not d.is_dir():
         raise ConvertError(f"{dst} exists and is not a folder; choose a new or empty folder")
     if d.is_dir() and any(d.iterdir()):
@@ -234,7 +244,9 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
     if not isinstance(config, dict):
         raise ConvertError(f"{cfg_path}: not a model config (a JSON object)")
     if config.get("quantization_config"):
-        raise ConvertError(f"{src}: already quantized ({config['quantization_config'].get('quant_method')}); pass the BF16 checkpoint")
+        raise ConvertError(
+            f"{src}: already quantized ({config['quantization_config'].get('quant_method')}); pass the BF16 checkpoint"
+        )
     _check_output(src, dst, force)
     shards = _shards(src)
     headers = _headers(src, shards)
@@ -244,9 +256,18 @@ def convert(src: str | Path, dst: str | Path, *, force: bool = False, rounding: 
     work = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
     try:
         report = _write(src, work, shards, config, rounding, progress, device, keep)
-        (work / MARKER).write_text(json.dumps({"converted_by": f"sglang_mxfp8 {__version__}", "source": str(src.resolve()),
-                                               "rounding": rounding, "keep_bf16": list(keep.patterns),
-                                               "files": sorted(p.name for p in work.iterdir())}, indent=2))
+        (work / MARKER).write_text(
+            json.dumps(
+                {
+                    "converted_by": f"sglang_mxfp8 {__version__}",
+                    "source": str(src.resolve()),
+                    "rounding": rounding,
+                    "keep_bf16": list(keep.patterns),
+                    "files": sorted(p.name for p in work.iterdir()),
+                },
+                indent=2,
+            )
+        )
         follow_umask(work)
         _replace(work, dst)
     finally:
@@ -306,7 +327,9 @@ def _write(src: Path, dst: Path, shards: List[str], config: Dict, rounding: Scal
                     if should_quantize(name, t) and not keep.keeps(name):
                         q, s = quantize_in_chunks(t, rounding, device=device)
                         if bool((s == E8M0_NAN).any()):  # quantize_mxfp8 marks blocks holding NaN/Inf
-                            raise ConvertError(f"{src / shard}: tensor {name} holds NaN/Inf; fix the checkpoint before converting")
+                            raise ConvertError(
+                                f"{src / shard}: tensor {name} holds NaN/Inf; fix the checkpoint before converting"
+                            )
                         out[name] = q
                         out[name[: -len("weight")] + "weight_scale_inv"] = s
                         report.quantized.append(name)
@@ -314,12 +337,14 @@ def _write(src: Path, dst: Path, shards: List[str], config: Dict, rounding: Scal
                         if ".experts." in name and name.endswith(".weight") and t.dim() == 2 and t.shape[-1] % MX_BLOCK:
                             # SGLang runs all experts of a layer as one fused MoE in one dtype
                             raise ConvertError(
-                                f"{src / shard}: {name} has K={t.shape[-1]}, not a multiple of {MX_BLOCK}; every expert "
-                                "projection must be MXFP8 for the fused MoE, so this model cannot be converted"
+                                f"{src / shard}: {name} has K={t.shape[-1]}, not a multiple of {MX_BLOCK}; every "
+                                "expert projection must be MXFP8 for the fused MoE, so this model cannot be converted"
                             )
                         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                            raise ConvertError(f"{src / shard}: tensor {name} (kept unquantized) holds NaN/Inf; fix the "
-                                               "checkpoint before converting")
+                            raise ConvertError(
+                                f"{src / shard}: tensor {name} (kept unquantized) holds NaN/Inf; fix the "
+                                "checkpoint before converting"
+                            )
                         out[name] = t
                         report.kept.append(name)
                         if name.endswith(".weight") and t.dim() == 2:

@@ -60,7 +60,10 @@ def per_rank(name: str, n: int, k: int, tp: int, config: dict) -> Tuple[int, int
     if tp == 1 or leaf not in ("qkv_proj", "gate_up_proj", "o_proj", "down_proj"):
         return n, k
     if leaf == "qkv_proj":
-        heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+        heads, kv_heads = (
+            config["num_attention_heads"],
+            config.get("num_key_value_heads", config["num_attention_heads"]),
+        )
         head_dim = config.get("head_dim") or config["hidden_size"] // heads
         if heads % tp:
             raise ShardError(f"{name}: --tp {tp} does not divide {heads} attention heads (SGLang refuses it too)")

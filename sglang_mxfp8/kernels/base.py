@@ -77,7 +77,9 @@ class MoESpec:
     @property
     def shape(self) -> str:
         per_rank = f", {self.intermediate} per rank" if self.tp > 1 else ""
-        return f"MoE ({self.experts} experts, hidden {self.hidden}, intermediate {self.intermediate * self.tp}{per_rank})"
+        return (
+            f"MoE ({self.experts} experts, hidden {self.hidden}, intermediate {self.intermediate * self.tp}{per_rank})"
+        )
 
     def __str__(self) -> str:
         return f"{self.name} {self.shape.removeprefix('MoE ')}"
@@ -184,7 +186,8 @@ class LinearKernel(Kernel):
 
 
 class MoEKernel(Kernel):
-    up_proj_first = False  # as a base kernel: w13 loaded as [up; gate] (SGLang's loader reads load_up_proj_weight_first)
+    # as a base kernel: w13 loaded as [up; gate] (SGLang's loader reads load_up_proj_weight_first)
+    up_proj_first = False
     any_w13_order = False  # as a band kernel: reads w13 in either order (the base's, from state.up_first)
     scales_output = False  # applies the router's routed_scaling_factor itself
 

@@ -78,7 +78,8 @@ class Plan:
         return {e.band(): e.kernel.name for e in self.entries}
 
     def ranges(self, max_m: int) -> List[Tuple[Entry, int, int]]:
-        """(entry, smallest, largest batch it serves) for batches of 1..max_m tokens, entries that serve none left out."""
+        """(entry, smallest, largest batch it serves) for batches of 1..max_m tokens, entries that serve none left
+        out."""
         edges = sorted({1, max_m + 1} | {m for e in self.entries for m in (e.min_m, (e.max_m or max_m) + 1)
                                          if 1 <= m <= max_m + 1})
         served: Dict[int, List[int]] = {}

@@ -246,7 +246,10 @@ def check_flag(kind: str, gpu: GpuSpec, flag: str, settings: Settings = None) ->
 
 
 def _select(kind: str, spec, gpu: GpuSpec, flag: str, settings: Settings, bands: bool = True) -> Plan:
-    for env, names in ((DISABLED_KERNELS_ENV, settings.disabled_kernels), (ENABLED_KERNELS_ENV, settings.enabled_kernels)):
+    for env, names in (
+        (DISABLED_KERNELS_ENV, settings.disabled_kernels),
+        (ENABLED_KERNELS_ENV, settings.enabled_kernels),
+    ):
         unknown = names - set(kernel_names()) - {"precompile"}
         if unknown:
             log_once(30, f"sglang_mxfp8: {env} names no kernel called {', '.join(sorted(unknown))} "
@@ -306,7 +309,11 @@ def plan_checkpoint(ckpt: Path, gpu: GpuSpec, dense_flag: str, moe_flag: str, tp
         try:
             if isinstance(layer, ServedDense):
                 fused = f" ({' + '.join(layer.parts)})" if len(layer.parts) > 1 else ""
-                rank = f", [{layer.rank_n} x {layer.rank_k}] per rank" if (layer.rank_n, layer.rank_k) != (layer.n, layer.k) else ""
+                rank = (
+                    f", [{layer.rank_n} x {layer.rank_k}] per rank"
+                    if (layer.rank_n, layer.rank_k) != (layer.n, layer.k)
+                    else ""
+                )
                 what = f"dense {layer.name} [{layer.n} x {layer.k}] x{layer.count}{fused}{rank}"
                 spec = LinearSpec(layer.name, layer.rank_n, layer.rank_k, dtype)
                 out.append((what, select_linear(spec, gpu, dense_flag, settings, bands)))

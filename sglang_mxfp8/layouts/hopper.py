@@ -85,7 +85,9 @@ class BlockScaleConverter:
         pad = nb * br - self.rows
 
         def blocks(mask):
-            return torch.nn.functional.pad(mask.view(self.groups, self.rows), (0, pad)).view(self.groups, nb, br).any(-1)
+            return (
+                torch.nn.functional.pad(mask.view(self.groups, self.rows), (0, pad)).view(self.groups, nb, br).any(-1)
+            )
 
         todo_blocks = blocks(fresh)
         mixed = todo_blocks & blocks(stale)

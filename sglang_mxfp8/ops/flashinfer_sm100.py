@@ -1,8 +1,10 @@
-"""Host side of the Blackwell-native MXFP8 kernels on FlashInfer's real API (SM100/103/107; cutlass dense also SM110/12x).
+"""Host side of the Blackwell-native MXFP8 kernels on FlashInfer's real API (SM100/103/107; cutlass dense also
+SM110/12x).
 
 Written against FlashInfer 0.6.7.post3 (``mm_mxfp8``, ``mxfp8_quantize``, ``cutlass_fused_moe`` with
 ``use_mxfp8_act_scaling``). CPU-verified, not run on SM100: layouts and refit behaviour are verified
-on CPU (tests/test_blackwell.py; the kernels: kernels/linear/flashinfer_sm100.py, kernels/moe/flashinfer_cutlass.py), including an emulated forward that undoes every prepared layout.
+on CPU (tests/test_blackwell.py; the kernels: kernels/linear/flashinfer_sm100.py, kernels/moe/flashinfer_cutlass.py),
+including an emulated forward that undoes every prepared layout.
 
 Refit rules as on Hopper: the loader's parameters keep checkpoint shapes; swizzled scales live in
 buffers allocated once and rewritten in place; the trtllm GEMM's row shuffle is applied to the FP8

@@ -16,7 +16,8 @@
   streams BLOCK_N weight rows, aiming at the FP8 weight bytes over the memory bandwidth; the MoE
   takes two launches (SiLU-and-mul fused into the first, routing weights and the sum over experts into the second).
 - ``moe_segments``, ``moe_scatter_quant``, ``silu_mul_quant``, ``moe_gather``: the glue around a grouped GEMM
-  that reads each expert's token rows contiguously (DeepGEMM's, for prefill batches: kernels.moe.deepgemm.DeepGemmGroupedMoE).
+  that reads each expert's token rows contiguously (DeepGEMM's, for prefill batches:
+  kernels.moe.deepgemm.DeepGemmGroupedMoE).
 """
 
 from __future__ import annotations
@@ -556,7 +557,8 @@ def _moe_gemv(x, w13, s13, w2, s2, topk_weights, topk_ids, up_config, down_confi
 
 
 # The glue around a grouped GEMM that takes each expert's token rows contiguously (DeepGEMM's "contiguous"
-# layout, kernels.moe.deepgemm.DeepGemmGroupedMoE): rows sorted by expert, each expert's segment starting at a multiple of
+# layout, kernels.moe.deepgemm.DeepGemmGroupedMoE): rows sorted by expert, each expert's segment starting at a multiple
+# of
 # 128 rows; activation scales M-major (stride (1, rows)), as DeepGEMM's Hopper kernel reads them.
 SCATTER_CHUNK = 8  # 128-column groups per step of the scatter kernel's K loop
 
@@ -679,7 +681,8 @@ SILU_ROWS = 16
 
 
 def silu_mul_quant(h, seg_end, end, up_first: bool = False):
-    """h [R, 2I] ([gate | up], or [up | gate] with ``up_first``; R a multiple of 16, I of 128) -> (e4m3 [R, I], float32 scales [R, I / 128] M-major)
+    """h [R, 2I] ([gate | up], or [up | gate] with ``up_first``; R a multiple of 16, I of 128) -> (e4m3 [R, I], float32
+    scales [R, I / 128] M-major)
     of silu(gate) * up, on the rows that hold a slot (seg_end, end from moe_segments); the padding rows after each
     expert's slots are not computed (a grouped GEMM reads them as its tile's spare rows, whose outputs nothing uses)."""
     r, inter = h.shape[0], h.shape[1] // 2

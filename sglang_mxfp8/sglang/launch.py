@@ -196,7 +196,9 @@ def keeps_our_moe_backend(config: LaunchConfig, gpu) -> bool:
     choose for its own MXFP8 MoE: the registry's answer for this GPU; without a GPU to ask, the flags ours serve."""
     if gpu is None:
         return config.moe_flag in ("flashinfer_cutlass", "triton")
-    return bool(registry.table("moe", gpu).entries(config.moe_flag)) and not registry.native("moe", gpu, config.moe_flag)
+    return bool(registry.table("moe", gpu).entries(config.moe_flag)) and not registry.native(
+        "moe", gpu, config.moe_flag
+    )
 
 
 def moe_kernel_config(config: LaunchConfig, stock: Callable[[], None], stock_unquantized: Callable[[], None]) -> None:

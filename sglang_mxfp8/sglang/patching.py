@@ -41,9 +41,11 @@ def target(owner, attr: str, patch: str):
 
 def missing(patch: str, what: str) -> None:
     if patch not in MISSING:
-        MISSING[patch] = (f"sglang_mxfp8 patch {patch!r}: sglang {sglang_version()} {what} (tested with sglang "
-                          f"{SUPPORTED_SGLANG}); MXFP8 checkpoints cannot be served on this SGLang, other models run as "
-                          "SGLang ships them")
+        MISSING[patch] = (
+            f"sglang_mxfp8 patch {patch!r}: sglang {sglang_version()} {what} (tested with sglang "
+            f"{SUPPORTED_SGLANG}); MXFP8 checkpoints cannot be served on this SGLang, other models run as "
+            "SGLang ships them"
+        )
         logger.warning(MISSING[patch])
 
 

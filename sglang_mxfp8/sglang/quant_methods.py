@@ -223,11 +223,15 @@ class Mxfp8LinearMethod(Fp8LinearMethod):
         # quantization package (circular), and in apply torch.compile would trace the lookup
         self.in_piecewise_cuda_graph = sglang_object("piecewise_graph_flag")
 
-    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra):
+    def create_weights(
+        self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra
+    ):
         self.plan = dispatch_w8a8_mxfp8_linear(sum(output_partition_sizes), input_size_per_partition, layer=self.prefix,
                                                dtype=params_dtype)
         _announce_plan(self.plan)
-        super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra)
+        super().create_weights(
+            layer, input_size_per_partition, output_partition_sizes, input_size, output_size, params_dtype, **extra
+        )
         self.quant_config.rename_scales(layer, ("",))
         layer.mxfp8_loads = LoadTracker(self.prefix, {"": (layer.weight, getattr(layer, self.quant_config.scale_name))},
                                         self.quant_config.scale_name, self.quant_config.scale_rounding)
@@ -291,7 +295,8 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
     def create_moe_runner(self, layer, moe_runner_config):
         self.moe_runner_config = moe_runner_config
         why = non_standard(moe_runner_config, getattr(layer, "moe_ep_size", 1))
-        if why and self.plan.spec.non_standard is None and len(self.plan.entries) > 1:  # config unknown at create_weights
+        # config unknown at create_weights
+        if why and self.plan.spec.non_standard is None and len(self.plan.entries) > 1:
             self.plan = registry.select_moe(replace(self.plan.spec, non_standard=why), self.plan.gpu, self.plan.flag)
             _announce_plan(self.plan)
         self.plan.base.create_runner(layer, layer.mxfp8_state, moe_runner_config)

@@ -509,7 +509,9 @@ def test_moe_apply_runs_prefill_batches_on_the_prefill_moe(kind):
         assert torch.equal(got, prefill if rows >= limit else triton), rows
         assert not torch.equal(prefill, triton)  # the two paths are distinguishable
         ref = _moe_reference(x[:rows], w13, c13, w2, c2, tw[:rows], ids[:rows], fp8_activations=True)
-        rel = {name: ((out - ref).norm() / ref.norm()).item() for name, out in (("prefill", prefill), ("triton", triton))}
+        rel = {
+            name: ((out - ref).norm() / ref.norm()).item() for name, out in (("prefill", prefill), ("triton", triton))
+        }
         rel["between"] = ((prefill - triton).norm() / triton.norm()).item()
         assert rel["prefill"] < 3e-2 and rel["triton"] < 3e-2, rel
 
@@ -531,12 +533,14 @@ cache = os.path.join(os.environ["TRTLLM_DG_CACHE_DIR"], "cache")
 layer = torch.nn.Module()
 layer.weight = torch.nn.Parameter(q, requires_grad=False)
 start = time.perf_counter()
-ran = registry.FLASHINFER_SM90.precompile(layer, SimpleNamespace(converter=SimpleNamespace(block_scale=bs[None])), 1, max_m)
+state = SimpleNamespace(converter=SimpleNamespace(block_scale=bs[None]))
+ran = registry.FLASHINFER_SM90.precompile(layer, state, 1, max_m)
 seconds = time.perf_counter() - start
 compiled = set(os.listdir(cache))
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 expected = {fs.jit_kernel_name(fs.GemmShape(n, k), c) for c in fs.configs_for(fs.GemmShape(n, k), 1, max_m, sms)}
-print("RAN", ran, "COMPILED", len(compiled), "MISSING", sorted(expected - compiled), "EXTRA", sorted(compiled - expected))
+print("RAN", ran, "COMPILED", len(compiled), "MISSING", sorted(expected - compiled),
+      "EXTRA", sorted(compiled - expected))
 print(f"PRECOMPILE {sys.argv[1]} {seconds:.1f} s")
 outs = []
 for m in random.Random(0).sample(range(1, max_m + 1), 40):
@@ -627,7 +631,9 @@ def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
     assert "_w8a16_gemv_kernel" in _kernels_launched(lambda: be.apply(layer, x[:1]))
     assert "_w8a16_gemv_kernel" not in _kernels_launched(lambda: be.apply(layer, x))
     two = be.apply(layer, x)
-    be = Dense(registry.select_linear(be.plan.spec, be.plan.gpu, be.plan.flag, Settings(disabled_kernels=frozenset({"gemv"}))))
+    be = Dense(
+        registry.select_linear(be.plan.spec, be.plan.gpu, be.plan.flag, Settings(disabled_kernels=frozenset({"gemv"})))
+    )
     assert "_w8a16_gemv_kernel" not in _kernels_launched(lambda: be.apply(layer, x[:1]))
     assert torch.equal(two, be.apply(layer, x))
 
@@ -649,12 +655,16 @@ def test_linear_op_traced_for_piecewise_graphs_replays_the_eager_layer(m, monkey
     settings.current.cache_clear()
     initialize_fp8_gemm_config(set_server_args(fp8_gemm_runner_backend="flashinfer_trtllm"))
     monkeypatch.setattr(fp8, "get_tensor_model_parallel_world_size", lambda: 1)  # one GPU's sizes, no process group
-    layer = mxfp8_linear("model.layers.0.self_attn.o_proj", *quantize_mxfp8(torch.randn(2048, 4096, device="cuda") * 0.02))
+    layer = mxfp8_linear(
+        "model.layers.0.self_attn.o_proj", *quantize_mxfp8(torch.randn(2048, 4096, device="cuda") * 0.02)
+    )
     assert layer.quant_method.plan.base is FLASHINFER and layer.weight.is_cuda
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
     x[-1, 3] = float("nan")
     eager = layer.quant_method.apply(layer, x)
-    compiled = torch.compile(lambda t: layer.quant_method.apply(layer, t), fullgraph=True, backend="eager", dynamic=False)
+    compiled = torch.compile(
+        lambda t: layer.quant_method.apply(layer, t), fullgraph=True, backend="eager", dynamic=False
+    )
     with enable_piecewise_cuda_graph():
         compiled(x)  # trace, then one eager run of the traced graph (kernels compiled outside the capture)
         graph = torch.cuda.CUDAGraph()
@@ -730,8 +740,12 @@ def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16():
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     layer = torch.nn.Module()
-    layer.w13_weight = torch.nn.Parameter(torch.empty(e_count, 2 * inter, h, dtype=torch.float8_e4m3fn, device="cuda"), False)
-    layer.w2_weight = torch.nn.Parameter(torch.empty(e_count, h, inter, dtype=torch.float8_e4m3fn, device="cuda"), False)
+    layer.w13_weight = torch.nn.Parameter(
+        torch.empty(e_count, 2 * inter, h, dtype=torch.float8_e4m3fn, device="cuda"), False
+    )
+    layer.w2_weight = torch.nn.Parameter(
+        torch.empty(e_count, h, inter, dtype=torch.float8_e4m3fn, device="cuda"), False
+    )
     s13 = torch.empty(e_count, 2 * inter, h // 32, dtype=torch.uint8, device="cuda")
     s2 = torch.empty(e_count, h, inter // 32, dtype=torch.uint8, device="cuda")
     plan = registry.select_moe(MoESpec("gpt_oss.experts", e_count, h, inter), platform.visible_gpu(), "auto")

@@ -3,7 +3,8 @@ refit the plugin refuses, from disk and from a trainer's tensors, in a random or
 between; after each the server answers, a refused one keeps the outputs, an accepted one gives a fresh server's, and
 torch.compile never recompiles. Under piecewise CUDA graphs (SGLang's default) and without, for each Hopper MoE flag.
 
-``REFUSALS_CASES`` picks cases by id (comma-separated, e.g. ``flashinfer_cutlass-pcg``); ``REFUSALS_FRESH_B=0`` starts no
+``REFUSALS_CASES`` picks cases by id (comma-separated, e.g. ``flashinfer_cutlass-pcg``); ``REFUSALS_FRESH_B=0`` starts
+no
 fresh server on the second checkpoint (its outputs are then those of its first accepted refit)."""
 
 import json

@@ -1,4 +1,5 @@
-"""FlashInfer's CUTLASS fused MoE on Hopper from the trimmed build (ops/flashinfer_jit/fused_moe.py), on the GPU: against
+"""FlashInfer's CUTLASS fused MoE on Hopper from the trimmed build (ops/flashinfer_jit/fused_moe.py), on the GPU:
+against
 float32 references, through the registry's plan for --moe-runner-backend flashinfer_cutlass, in a CUDA graph, and
 after a refit in place. The first test builds the module into FlashInfer's cache (minutes on a fresh machine)."""
 
@@ -128,8 +129,10 @@ cache = os.path.join(os.environ["TRTLLM_DG_CACHE_DIR"], "cache")
 ran = plan.base.precompile(layer, layer.mxfp8_state, 1, max_m)
 compiled = set(os.listdir(cache))
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-expected = {fs.jit_kernel_name(s, c) for s in fs.moe_gemm_shapes(128, 2048, 768) for c in fs.configs_for(s, 1, max_m, sms)}
-print("RAN", ran, "COMPILED", len(compiled), "MISSING", sorted(expected - compiled), "EXTRA", sorted(compiled - expected))
+expected = {fs.jit_kernel_name(s, c) for s in fs.moe_gemm_shapes(128, 2048, 768)
+            for c in fs.configs_for(s, 1, max_m, sms)}
+print("RAN", ran, "COMPILED", len(compiled), "MISSING", sorted(expected - compiled),
+      "EXTRA", sorted(compiled - expected))
 outs = [plan.base.experts(layer, layer.mxfp8_state, x[:m], tw[:m], ids[:m])
         for m in random.Random(0).sample(range(1, max_m + 1), 30)]
 torch.cuda.synchronize()

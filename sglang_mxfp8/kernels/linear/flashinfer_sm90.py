@@ -36,7 +36,8 @@ class FlashInferSm90(HopperBlockScaleKernel):
 
     def precompile(self, layer, state, min_m, max_m):
         """Every tile config the op can select for min_m..max_m tokens: it compiles each with nvcc on first use, and
-        a served batch that meets a new one stalls for seconds (ops/flashinfer_jit/tile_configs.py). Those not in FlashInfer's
+        a served batch that meets a new one stalls for seconds (ops/flashinfer_jit/tile_configs.py). Those not in
+        FlashInfer's
         cache are compiled first by concurrent nvcc processes; running each batch size then loads them."""
         w, dtype = layer.weight, getattr(layer, "orig_dtype", torch.bfloat16)
         n, k = w.shape

@@ -75,7 +75,9 @@ class BlockScaleExperts(MoEKernel):
             return
         state.up_first = self.up_proj_first  # the w13 order every kernel of the plan reads
         dev = layer.w13_weight.device
-        state.w13 = BlockScaleConverter(spec.experts, layer.w13_weight.shape[1], spec.hidden, 128, dev, f"{spec.name}.w13")
+        state.w13 = BlockScaleConverter(
+            spec.experts, layer.w13_weight.shape[1], spec.hidden, 128, dev, f"{spec.name}.w13"
+        )
         state.w2 = BlockScaleConverter(spec.experts, spec.hidden, spec.intermediate, 128, dev, f"{spec.name}.w2")
 
     def process_weights_after_loading(self, layer, state, w13_scale, w2_scale):

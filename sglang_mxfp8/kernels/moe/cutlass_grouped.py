@@ -26,12 +26,18 @@ class CutlassGroupedMoE:
             i64 = dict(dtype=torch.int64, device=device)
             i32 = dict(dtype=torch.int32, device=device)
             self._scratch[key] = dict(
-                a1_strides=torch.full((experts,), hidden, **i64), c1_strides=torch.full((experts,), 2 * intermediate, **i64),
-                a2_strides=torch.full((experts,), intermediate, **i64), c2_strides=torch.full((experts,), hidden, **i64),
+                a1_strides=torch.full((experts,), hidden, **i64),
+                c1_strides=torch.full((experts,), 2 * intermediate, **i64),
+                a2_strides=torch.full((experts,), intermediate, **i64),
+                c2_strides=torch.full((experts,), hidden, **i64),
                 workspace=torch.empty(7182 * 1024, dtype=torch.uint8, device=device),  # the size SGLang allocates
-                **{n: torch.empty(experts, **i64) for n in ("a_ptrs", "b_ptrs", "out_ptrs", "a_scales_ptrs", "b_scales_ptrs")},
+                **{
+                    n: torch.empty(experts, **i64)
+                    for n in ("a_ptrs", "b_ptrs", "out_ptrs", "a_scales_ptrs", "b_scales_ptrs")
+                },
                 expert_offsets=torch.empty(experts + 1, **i32),
-                problem_sizes1=torch.empty(experts, 3, **i32), problem_sizes2=torch.empty(experts, 3, **i32),
+                problem_sizes1=torch.empty(experts, 3, **i32),
+                problem_sizes2=torch.empty(experts, 3, **i32),
             )
         self.scratch = self._scratch[key]
 

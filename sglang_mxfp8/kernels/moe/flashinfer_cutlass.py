@@ -46,7 +46,8 @@ class FlashInferCutlassMxfp8MoE(MoEKernel):
 
 class FlashInferCutlassSm90MoE(BlockScaleExperts):
     """``cutlass_fused_moe`` in its DeepSeek FP8 block-scale mode on Hopper, from the trimmed JIT module
-    (ops/flashinfer_jit/fused_moe.py: the BF16 x FP8 runner alone, 18 sources instead of FlashInfer's 181). The module is
+    (ops/flashinfer_jit/fused_moe.py: the BF16 x FP8 runner alone, 18 sources instead of FlashInfer's 181). The module
+    is
     built into FlashInfer's cache once and reused after: at launch, in the background, and waited for at its first
     call (the load's precompile, else the first forward), so that the weights load and the other kernels compile
     meanwhile. Reads the same converted weights as the Triton MoE (128x128 power-of-two block scales), w13 as
@@ -75,7 +76,8 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
 
     def precompile(self, layer, state, min_m, max_m):
         """One batch per tile config either grouped GEMM can pick for min_m..max_m tokens (the fused MoE compiles
-        each with nvcc on first use, like the dense op: ops/flashinfer_jit/tile_configs.py), those not in FlashInfer's cache
+        each with nvcc on first use, like the dense op: ops/flashinfer_jit/tile_configs.py), those not in FlashInfer's
+        cache
         compiled first by concurrent nvcc processes."""
         top_k, dev = layer.top_k, layer.w13_weight.device
         experts, hidden, intermediate = layer.w2_weight.shape

@@ -20,7 +20,10 @@ class GemvMoE(MoEKernel):
     def can_implement(self, spec):
         ok, why = standard_experts(spec)
         if ok and (spec.hidden, spec.intermediate) not in self.shapes:
-            return False, f"hidden {spec.hidden} / intermediate {spec.intermediate} is not a shape it measured faster on"
+            return (
+                False,
+                f"hidden {spec.hidden} / intermediate {spec.intermediate} is not a shape it measured faster on",
+            )
         return (ok, why) if not ok else OK
 
     def experts(self, layer, state, x, topk_weights, topk_ids):

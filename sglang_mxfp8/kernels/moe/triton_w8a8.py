@@ -14,7 +14,9 @@ class TritonW8A8MoE(BlockScaleExperts):
     any_w13_order = True
 
     def can_implement(self, spec):
-        return standard_sized_experts(spec, 32, "MXFP8's scale block", "keep this MoE layer BF16 (modules_to_not_convert)")
+        return standard_sized_experts(
+            spec, 32, "MXFP8's scale block", "keep this MoE layer BF16 (modules_to_not_convert)"
+        )
 
     def experts(self, layer, state, x, topk_weights, topk_ids):
         from ...ops.triton_sm90 import moe_w8a8

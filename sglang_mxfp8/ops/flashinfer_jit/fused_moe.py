@@ -33,9 +33,11 @@ logger = logging.getLogger(__name__)
 MOE_FLAG = "--moe-runner-backend"
 MODULE_NAME = "fused_moe_90_fp8_block_scale"
 _STOCK_MODULE = "fused_moe_90"
-_CONSTRUCTOR_START = "    // keep consistent with cpp/tensorrt_llm/plugins/mixtureOfExperts/mixtureOfExpertsPlugin.cpp\n"
+_CONSTRUCTOR_START = (
+    "    // keep consistent with cpp/tensorrt_llm/plugins/mixtureOfExperts/mixtureOfExpertsPlugin.cpp\n"
+)
 _CONSTRUCTOR_END = "    if (!mKernelRunner) {\n"
-_BF16_FP8_RUNNER = """    // sglang_mxfp8: the FP8 block-scale runner alone (bf16 activations, fp8_e4m3 weights, bf16 output)
+_BF16_FP8_RUNNER = """    // sglang_mxfp8: the FP8 block-scale runner alone (bf16 in and out, fp8_e4m3 weights)
     if (use_deepseek_fp8_block_scale && mActivationDtype == dl_bfloat16 &&
         mWeightDtype == dl_float8_e4m3fn && mOutputDtype == dl_bfloat16) {
       mKernelRunner = std::make_unique<kernels::CutlassMoeFCRunner<__nv_bfloat16, __nv_fp8_e4m3>>();
@@ -188,7 +190,8 @@ def _version() -> str:
 def _kept(source: Path, csrc: Path) -> bool:
     """Whether one source of FlashInfer's full SM90 module is compiled here: not the generated TMA warp-specialized
     instantiations (other dtype pairs), not the MoE GEMM kernels of other dtype pairs, not the binding and runner
-    instantiations it replaces; everything else (common code, heuristics, FP8 block-scale GEMM) as FlashInfer lists it."""
+    instantiations it replaces; everything else (common code, heuristics, FP8 block-scale GEMM) as FlashInfer lists
+    it."""
     if not source.is_relative_to(csrc):
         return False
     rel = source.relative_to(csrc).as_posix()
@@ -234,8 +237,10 @@ def block_scale_moe_spec():
     write_if_different(instantiation, _INSTANTIATION.replace("KERNELS_HEADER", header_name))
     kept = [src for src in full.sources if _kept(src, csrc)]
     if not any(src.name.startswith(_MOE_GEMM_KERNELS) for src in kept):
-        raise TrimmedBuildError(f"FlashInfer {_version()}'s SM90 fused MoE lists no {_MOE_GEMM_KERNELS}*{_RUNNER_DTYPES}; "
-                                f"use {MOE_FLAG} triton")
+        raise TrimmedBuildError(
+            f"FlashInfer {_version()}'s SM90 fused MoE lists no {_MOE_GEMM_KERNELS}*{_RUNNER_DTYPES}; "
+            f"use {MOE_FLAG} triton"
+        )
     generated = Path(jit_env.FLASHINFER_GEN_SRC_DIR) / "cutlass_instantiations"
     includes = [d for d in full.extra_include_dirs or [] if not d.is_relative_to(generated)]
     spec = dataclasses.replace(

@@ -133,7 +133,8 @@ def configs_for(shape: GemmShape, min_m: int, max_m: int, num_sms: int) -> Mappi
 # -- concurrent compilation into FlashInfer's DeepGEMM JIT cache ------------------------------------------------------
 # sha256 of FlashInfer's sources whose logic this module restates, per file: the kernel generator, nvcc flags and cache
 # layout (compiler.cuh), the tile heuristic (jit_utils.cuh), the swap-AB thresholds of the dense and grouped dispatch
-# (fp8_blockscale_gemm_kernel.cuh) and the fused MoE's expected M (fp8_blockscale_gemm.cu). tests/test_jit_tile_configs.py
+# (fp8_blockscale_gemm_kernel.cuh) and the fused MoE's expected M (fp8_blockscale_gemm.cu).
+# tests/test_jit_tile_configs.py
 # compiles FlashInfer's own generateKernel and get_best_gemm_config and compares. FlashInfer 0.6.7.post3 and 0.7.2 ship
 # the same files. Any other file: FlashInfer compiles its kernels itself, as before.
 RESTATED_SOURCES = MappingProxyType({
@@ -180,7 +181,8 @@ def jit_user_dir() -> Path:
 
 
 def nvcc_compiler() -> str:
-    """The nvcc FlashInfer's JIT runs (getNvccCompiler): $TRTLLM_DG_NVCC_COMPILER, else $CUDA_HOME/bin/nvcc, else nvcc."""
+    """The nvcc FlashInfer's JIT runs (getNvccCompiler): $TRTLLM_DG_NVCC_COMPILER, else $CUDA_HOME/bin/nvcc, else
+    nvcc."""
     if os.environ.get("TRTLLM_DG_NVCC_COMPILER"):
         return os.environ["TRTLLM_DG_NVCC_COMPILER"]
     if os.environ.get("CUDA_HOME"):
@@ -304,7 +306,11 @@ def compile_tile_configs(shape: GemmShape, configs: Iterable[TileConfig], jobs: 
     with ThreadPoolExecutor(max_workers=max(1, min(jobs or os.cpu_count() or 1, len(todo)))) as pool:
         futures = [pool.submit(_compile_one, shape, cfg, cache, tmp) for cfg in todo]
         compiled = 0
-        for fut in tqdm(futures, desc=f"sglang_mxfp8: FlashInfer SM90 GEMM {describe(shape)} kernels (nvcc, {len(todo)})",
-                        leave=False, disable=not progress):
+        for fut in tqdm(
+            futures,
+            desc=f"sglang_mxfp8: FlashInfer SM90 GEMM {describe(shape)} kernels (nvcc, {len(todo)})",
+            leave=False,
+            disable=not progress,
+        ):
             compiled += fut.result()
     return compiled

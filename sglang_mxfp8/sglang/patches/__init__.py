@@ -59,9 +59,11 @@ PATCHES = (
     Patch("model_config.modelopt_mxfp8", MODEL_CONFIG,
           ("sglang.srt.configs.model_config:ModelConfig._parse_modelopt_quant_config",),
           "model_config:read_modelopt_mxfp8", doc="ModelOpt quant_algo MXFP8 is MXFP8, not per-tensor FP8"),
-    Patch("model_config.mxfp8_notice", MODEL_CONFIG, ("sglang.srt.configs.model_config:ModelConfig._verify_quantization",),
+    Patch("model_config.mxfp8_notice", MODEL_CONFIG,
+          ("sglang.srt.configs.model_config:ModelConfig._verify_quantization",),
           "model_config:say_what_serves_mxfp8",
-          doc="SGLang's note that its MXFP8 path is not fully optimized gives way to one saying these kernels serve it"),
+          doc="SGLang's note that its MXFP8 path is not fully optimized gives way to one saying these kernels serve "
+              "it"),
     Patch("quantization.mxfp8_config", QUANTIZATION, ("sglang.srt.layers.quantization:QUANTIZATION_METHODS",),
           "quantization:register_config", doc="QUANTIZATION_METHODS['mxfp8'] is our Mxfp8Config (minimum "
                                               "capability 90, our linear and MoE methods)"),

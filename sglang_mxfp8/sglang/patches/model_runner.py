@@ -51,7 +51,8 @@ def _marking(original):
 
 
 def _unwrapped(named_tensors, runner) -> list:
-    """The update's tensors on this rank's device, as SGLang's own update unwraps them (taking them again is a no-op)."""
+    """The update's tensors on this rank's device, as SGLang's own update unwraps them (taking them again is a
+    no-op)."""
     import torch
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
