@@ -3,8 +3,6 @@
 - ``SGLANG_MXFP8_DISABLE=1``: no patch is applied; SGLang runs exactly as shipped.
 - ``SGLANG_MXFP8_DISABLED_KERNELS=gemv,cublas,...``: kernels the registry must not pick (names:
   ``sglang-mxfp8 doctor`` lists them; unknown names are reported when a plan is made).
-- ``SGLANG_MXFP8_ENABLED_KERNELS=name,...``: opt-in kernels the registry may pick (kernels not yet run on the GPU
-  they are written for; ``doctor`` lists them). Without it no plan contains one.
 - ``SGLANG_MXFP8_PRECOMPILE=0``: compile no kernel while the model loads (the first batch of each new
   tile config then waits for its compiler).
 - ``SGLANG_MXFP8_COMPILE_JOBS=N``: concurrent nvcc processes for the kernels compiled while the model loads
@@ -24,7 +22,6 @@ from . import DISABLE_ENV, parse_switch
 logger = logging.getLogger("sglang_mxfp8")
 
 DISABLED_KERNELS_ENV = "SGLANG_MXFP8_DISABLED_KERNELS"
-ENABLED_KERNELS_ENV = "SGLANG_MXFP8_ENABLED_KERNELS"
 PRECOMPILE_ENV = "SGLANG_MXFP8_PRECOMPILE"
 COMPILE_JOBS_ENV = "SGLANG_MXFP8_COMPILE_JOBS"
 
@@ -32,7 +29,6 @@ COMPILE_JOBS_ENV = "SGLANG_MXFP8_COMPILE_JOBS"
 class Settings:
     disabled: bool = False
     disabled_kernels: FrozenSet[str] = frozenset()
-    enabled_kernels: FrozenSet[str] = frozenset()  # opt-in kernels allowed
     precompile: bool = True
     compile_jobs: Optional[int] = None  # None: one per CPU
     warnings: Tuple[str, ...] = field(default=(), compare=False)  # one per unusable switch
@@ -46,7 +42,7 @@ class Settings:
         if jobs and not jobs.isdigit():
             notes.append(f"{COMPILE_JOBS_ENV}={jobs!r} is not a number of processes (0, 1, 2, ...); using one per CPU")
         return cls(disabled=parse_switch(env.get(DISABLE_ENV)) is True, disabled_kernels=frozenset(kernels),
-                   enabled_kernels=frozenset(_names(env.get(ENABLED_KERNELS_ENV, ""))), precompile=precompile,
+                   precompile=precompile,
                    compile_jobs=int(jobs) if jobs.isdigit() else None, warnings=tuple(notes))
 
 

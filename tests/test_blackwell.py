@@ -8,7 +8,7 @@ import torch
 from sglang_mxfp8.layouts import blackwell as layouts
 from sglang_mxfp8.format.numerics import dequantize_mxfp8, quantize_mxfp8
 from sglang_mxfp8.layouts.fingerprints import PartialReloadError
-from sglang_mxfp8.kernels.base import LayerState, LinearSpec
+from sglang_mxfp8.kernels.base import LinearSpec
 from sglang_mxfp8.kernels.linear.flashinfer_sm100 import FlashInferCutlassMxfp8, FlashInferTrtllmMxfp8
 from sglang_mxfp8.layouts.blackwell import CutlassMoeScales
 from sglang_mxfp8.ops.flashinfer_sm100 import require_mxfp8_quantize_kernel
@@ -82,7 +82,7 @@ def _layer(cls, n, k, seed=0, ckpt=None):
     layer = Layer()
     layer.weight = torch.nn.Parameter(torch.empty(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
     layer.weight_scale_inv = torch.nn.Parameter(torch.zeros(n, k // 32, dtype=torch.uint8), requires_grad=False)
-    be = Kernel(cls(), LayerState())
+    be = Kernel(cls(), cls.state_type())
     be.kernel.create_buffers(layer, LinearSpec("model.layers.0.mlp.down_proj", n, k), be.state)
     layer.weight.data.copy_(q)  # what SGLang's loader does
     layer.weight_scale_inv.data.copy_(s)

@@ -19,7 +19,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sglang_mxfp8.ops import triton_sm90 as th  # noqa: E402
+from sglang_mxfp8.ops.triton_sm90 import act_quant, gemv  # noqa: E402
 
 NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 # pointer arguments by name (every other pointer is a bf16 activation or output; every other argument an int32)
@@ -63,21 +63,21 @@ def weight_bytes_per_thread(rows: int, groups: int, num_warps: int) -> int:
     return rows * groups * 128 // (num_warps * 32)
 
 
-@pytest.mark.parametrize("n,k", sorted(th.GEMV_TUNED))
+@pytest.mark.parametrize("n,k", sorted(gemv.GEMV_TUNED))
 def test_dense_gemv_issues_its_weight_loads_16_bytes_wide_before_any_multiply(n, k):
-    cfg = th.gemv_config(n, k)
-    order = load_order(sm90_sass(th._w8a16_gemv_kernel, dict(SCALE_ROWS=128, HAS_BIAS=False), cfg))
+    cfg = gemv.gemv_config(n, k)
+    order = load_order(sm90_sass(gemv._w8a16_gemv_kernel, dict(SCALE_ROWS=128, HAS_BIAS=False), cfg))
     need = weight_bytes_per_thread(cfg["BLOCK_N"], cfg["GROUPS"], cfg["num_warps"]) // 16
     # each thread's share of a step's weight tile in 16-byte loads, all issued before the step's first multiply
     assert need >= 1 and order.index("*") >= need, (cfg, order)
 
 
 def test_moe_gemv_launches_issue_their_weight_loads_16_bytes_wide_before_any_multiply():
-    up, down = th.MOE_GEMV_UP_CONFIG, th.MOE_GEMV_DOWN_CONFIG
+    up, down = gemv.MOE_GEMV_UP_CONFIG, gemv.MOE_GEMV_DOWN_CONFIG
     for kernel, constants, cfg, rows in (
-            (th._moe_gemv_up_kernel, dict(UP_FIRST=0), up, 2 * up["BLOCK_N"]),  # a gate and an up row per output
-            (th._moe_gemv_up_kernel, dict(UP_FIRST=1), up, 2 * up["BLOCK_N"]),  # w13 as [up; gate]
-            (th._moe_gemv_down_kernel, dict(SLOTS=8), down, 8 * down["BLOCK_N"])):  # rows of 8 experts
+            (gemv._moe_gemv_up_kernel, dict(UP_FIRST=0), up, 2 * up["BLOCK_N"]),  # a gate and an up row per output
+            (gemv._moe_gemv_up_kernel, dict(UP_FIRST=1), up, 2 * up["BLOCK_N"]),  # w13 as [up; gate]
+            (gemv._moe_gemv_down_kernel, dict(SLOTS=8), down, 8 * down["BLOCK_N"])):  # rows of 8 experts
         order = load_order(sm90_sass(kernel, constants, cfg))
         need = weight_bytes_per_thread(rows, cfg["GROUPS"], cfg["num_warps"]) // 16
         assert need >= 1 and order.index("*") >= need, (kernel.__name__, order)
@@ -86,5 +86,6 @@ def test_moe_gemv_launches_issue_their_weight_loads_16_bytes_wide_before_any_mul
 def test_activation_quantizer_compiles_its_nan_check_for_sm90():
     """The quantizer's NaN scale for a group holding a NaN survives compilation for sm90 (a NaN test on the
     loaded values, a per-row reduction of it, a select of the scale; its numerics: test_triton_cpu.py)."""
-    ptx = sm90_compile(th._quant_act_kernel, dict(ROWS=16, BLOCK=128), dict(num_warps=4, num_stages=1)).asm["ptx"]
+    kernel = sm90_compile(act_quant._quant_act_kernel, dict(ROWS=16, BLOCK=128), dict(num_warps=4, num_stages=1))
+    ptx = kernel.asm["ptx"]
     assert re.search(r"setp\.nan\.", ptx) and "redux.sync.max" in ptx and "selp.f32" in ptx

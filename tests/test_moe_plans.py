@@ -127,11 +127,12 @@ def test_layers_our_moe_kernels_cannot_compute_keep_every_batch_on_triton(change
     """SGLang hands the runner config to create_moe_runner; where it was not known at create_weights, a layer our
     own kernels cannot compute is planned again with the Triton fused MoE alone."""
     from sglang_mxfp8.kernels import registry
-    from sglang_mxfp8.kernels.base import LayerState, MoESpec
+    from sglang_mxfp8.kernels.base import MoESpec
+    from sglang_mxfp8.kernels.moe.common import HopperMoEState
 
     qm, method = _method(monkeypatch)
     layer = torch.nn.Module()
-    layer.moe_ep_size, layer.mxfp8_state = ep_size, LayerState()
+    layer.moe_ep_size, layer.mxfp8_state = ep_size, HopperMoEState()
     method.plan = registry.select_moe(MoESpec(method.prefix, 128, 2048, 768, ep=ep_size), H200, "auto")
     assert len(method.plan.entries) == (3 if ep_size == 1 else 1)
     monkeypatch.setattr(method.plan.base, "create_runner", lambda *a: None)  # SGLang's runner needs a GPU

@@ -215,7 +215,7 @@ def moe(gpu, flag, hidden=2048, intermediate=768, tp=1, settings=DEFAULT, **kw):
 def test_hopper_moe_plans(libraries, flag, deep_gemm, hidden, intermediate, bands):
     libraries(deep_gemm)
     plan = moe(H200, flag, hidden, intermediate)
-    assert plan.bands() == bands and plan.base.up_proj_first is False
+    assert plan.bands() == bands and plan.base.layout.up_first is False
 
 
 @pytest.mark.parametrize("spec_change,why", [
@@ -245,7 +245,7 @@ def test_blackwell_moe_plans(libraries, gpu, flag, base):
     plan = moe(gpu, flag)
     assert plan.bands() == {"other batches": base}
     assert r.native("moe", gpu, flag) == (flag != "flashinfer_cutlass")
-    assert plan.base.up_proj_first == (flag == "flashinfer_cutlass")
+    assert plan.base.layout.up_first == (flag == "flashinfer_cutlass")
 
 
 @pytest.mark.parametrize(
@@ -309,13 +309,11 @@ def test_disabled_kernels_are_skipped_with_the_setting_named(libraries):
     ({"SGLANG_MXFP8_PRECOMPILE": "FALSE "}, set(), False),
     ({"SGLANG_MXFP8_PRECOMPILE": "1"}, set(), True),
     ({"SGLANG_MXFP8_DISABLED_KERNELS": "cublas, weight_only,,"}, {"cublas", "weight_only"}, True),
-    ({"SGLANG_MXFP8_ENABLED_KERNELS": " triton_w8a8_moe,,x "}, set(), True),
     ({"SGLANG_MXFP8_GEMV": "0"}, set(), True),  # a switch this release does not read changes nothing
 ])
 def test_settings_read_the_switches(env, disabled, precompile):
     s = Settings.from_env(env)
     assert (set(s.disabled_kernels), s.precompile, s.warnings) == (disabled, precompile, ())
-    assert set(s.enabled_kernels) == ({"triton_w8a8_moe", "x"} if "SGLANG_MXFP8_ENABLED_KERNELS" in env else set())
 
 
 @pytest.mark.parametrize("value,jobs,warned", [(None, None, False), ("0", 0, False), (" 12", 12, False),
@@ -325,42 +323,6 @@ def test_compile_jobs_setting(value, jobs, warned):
     assert s.compile_jobs == jobs
     assert [w for w in s.warnings if "SGLANG_MXFP8_COMPILE_JOBS" in w and "one per CPU" in w] == (
         [s.warnings[0]] if warned else [])
-
-
-OPTED_IN = Settings.from_env({"SGLANG_MXFP8_ENABLED_KERNELS": "triton_w8a8_moe, flashinfer_cutlass_moe_sm90"})
-# (hidden, intermediate): on and off the grid
-SHAPES = [(2048, 768), (2880, 2880), (2048, 96), (576, 768), (4096, 1536)]
-
-
-@pytest.mark.parametrize("gpu", [H200, B200, RTX, THOR])
-def test_no_plan_takes_an_opt_in_kernel_unless_the_setting_names_it(libraries, gpu, monkeypatch):
-    """auto and every named flag, every layer kind and shape: a kernel that is opt-in on this GPU enters no plan by
-    default; named in SGLANG_MXFP8_ENABLED_KERNELS, it does. No kernel is opt-in today: two Hopper MoE kernels are
-    made so here."""
-    from sglang_mxfp8.kernels.moe.flashinfer_cutlass import FlashInferCutlassSm90MoE
-    from sglang_mxfp8.kernels.moe.triton_w8a8 import TritonW8A8MoE
-
-    libraries(True)
-    assert r.opt_in_kernels(gpu) == []
-    for kernel in (TritonW8A8MoE, FlashInferCutlassSm90MoE):
-        monkeypatch.setattr(kernel, "opt_in", lambda self, gpu: f"{self.name} is opt-in")
-    opt_in = set(r.opt_in_kernels(gpu))
-    taken = set()
-    for settings in (DEFAULT, OPTED_IN):
-        for kind, table in r.REGISTRY[gpu.arch].items():
-            for flag in table.bases:
-                for hidden, inter in SHAPES:
-                    try:
-                        plan = moe(gpu, flag, hidden, inter, settings=settings) if kind == "moe" else \
-                            dense(gpu, flag, inter * 2, hidden, settings=settings)
-                    except Mxfp8ConfigError:
-                        continue
-                    names = {e.kernel.name for e in plan.entries}
-                    if settings is DEFAULT:
-                        assert not names & opt_in, (kind, flag, hidden, inter)
-                    taken |= names & opt_in
-    assert opt_in == ({"triton_w8a8_moe", "flashinfer_cutlass_moe_sm90"} if gpu is H200 else set())
-    assert taken == opt_in  # each one reachable once opted in
 
 
 @pytest.mark.parametrize("flag", ["auto", "triton", "flashinfer_cutlass"])
@@ -424,7 +386,7 @@ def test_flashinfer_cutlass_on_hopper_takes_the_measured_bands_beside_flashinfer
     is passed over with that reason; SGLANG_MXFP8_DISABLED_KERNELS gives the pure FlashInfer path."""
     libraries(deep_gemm)
     plan = moe(H200, "flashinfer_cutlass", settings=Settings.from_env({"SGLANG_MXFP8_DISABLED_KERNELS": disabled}))
-    assert plan.bands() == bands and plan.base.up_proj_first
+    assert plan.bands() == bands and plan.base.layout.up_first
     assert [m for m in (1, 2, 1023, 1024, 8192) if plan.kernel_for(m) is r.FLASHINFER_CUTLASS_SM90_MOE] == (
         [] if not disabled else [1, 2, 1023, 1024, 8192])
     if not disabled:
@@ -442,7 +404,7 @@ def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe(libraries
     plan = moe(
         H200, "flashinfer_cutlass", settings=Settings(disabled_kernels=frozenset({"moe_gemv", "triton_w8a8_moe"}))
     )
-    assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"} and plan.base.up_proj_first
+    assert plan.bands() == {"other batches": "flashinfer_cutlass_moe_sm90"} and plan.base.layout.up_first
     assert not r.native("moe", H200, "flashinfer_cutlass")
     assert moe(H200, "auto").base.name == "triton_moe"  # auto: the measured Hopper list (FlashInfer's MoE slower)
     # the model is built without waiting for the module's build (started at launch): its first call waits, after the

@@ -1,8 +1,8 @@
 """Our Hopper Triton kernels' indexing, run on the CPU by Triton's interpreter (TRITON_INTERPRET=1).
 
 Checks tiles, masks (M, N, K tails; K a multiple of 32 but not of 128), scale handling and bias
-against float32/float64 references, for the W8A8 GEMM with its quantizer and the weight-only dense
-and MoE kernels. The interpreter's float->e4m3 cast does not round like the GPU's (cvt.rn.satfinite),
+against float32/float64 references, for the W8A8 GEMM with its quantizer, the weight-only dense GEMM
+and the MoE kernels. The interpreter's float->e4m3 cast does not round like the GPU's (cvt.rn.satfinite),
 so the quantizer is checked here for its scales only; its rounding, speed and the FP8 tensor-core
 path are tested on the H200 (tests/gpu, sglang-mxfp8 bench layers).
 """
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 
 CODE = r"""
 import torch
-from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.ops.triton_sm90 import act_quant, dense_w8a8
 from sglang_mxfp8.format.numerics import (convert_to_block_scales, dequantize_block_fp8, quantize_activation_1x128,
                                           quantize_mxfp8)
 torch.manual_seed(0)
@@ -23,22 +23,22 @@ for m, n, k in [(1, 64, 128), (7, 200, 352), (33, 130, 256), (16, 96, 96), (70, 
     x = (torch.randn(m, k) * torch.logspace(-2, 2, k)).to(torch.bfloat16)
     q, s_ref = quantize_activation_1x128(x)
     for rows in (None, 1, 4, 16):  # tile heights: M tails masked in rows, K tails in columns
-        _, s = th.quantize_act_1x128(x, rows)
+        _, s = act_quant.quantize_act_1x128(x, rows)
         assert torch.equal(s, s_ref), (m, k, rows)  # amax / 448 per (row, 128 columns)
         # cuBLAS's layout: rows padded to a multiple of 4 with zeros, scales token-fastest
-        qm, sm = th.quantize_act_1x128(x, rows, m_major=True)
+        qm, sm = act_quant.quantize_act_1x128(x, rows, m_major=True)
         pad = -m % 4
         assert qm.shape == (m + pad, k) and sm.shape == (m + pad, s_ref.shape[1]) and sm.stride() == (1, m + pad)
         assert torch.equal(sm[:m], s_ref) and not qm[m:].float().any() and bool((sm[m:] == 1e-12).all()), (m, rows)
     nan = x.clone()
     nan[-1, k - 1] = float("nan")  # the host reference's row maximum propagates it: a NaN scale for that group
-    _, s_nan = th.quantize_act_1x128(nan)
+    _, s_nan = act_quant.quantize_act_1x128(nan)
     assert s_nan[-1, -1].isnan() and torch.equal(s_nan[:-1], s_ref[:-1]) and torch.equal(s_nan[-1, :-1], s_ref[-1, :-1])
     assert torch.equal(quantize_activation_1x128(nan)[1].isnan(), s_nan.isnan())
     w, ws = quantize_mxfp8(torch.randn(n, k) * 0.02)
     bs, _ = convert_to_block_scales(w, ws, 1)
     bias = torch.randn(n).to(torch.bfloat16)
-    out = th.w8a8_gemm(q, s_ref, w, bs, torch.bfloat16, bias)
+    out = dense_w8a8.w8a8_gemm(q, s_ref, w, bs, torch.bfloat16, bias)
     deq = q.float() * s_ref.repeat_interleave(128, 1)[:, :k]
     ref = deq @ dequantize_block_fp8(w, bs, 1).t() + bias.float()
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
@@ -50,7 +50,7 @@ print(f"{worst:.6f}")
 
 WEIGHT_ONLY = r"""
 import torch
-from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.ops.triton_sm90 import dense_w8a16
 from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
 torch.manual_seed(1)
 worst = 0.0
@@ -64,14 +64,14 @@ for m, n, k in [(1, 64, 128), (7, 200, 352), (16, 130, 256), (33, 96, 96), (64, 
         assert torch.equal(deq.to(torch.bfloat16).float(), deq)  # e4m3 x 2^k is exact in bf16
         for cfg in (None, dict(BLOCK_M=16, BLOCK_N=16, num_warps=2, num_stages=2)):
             # float32 activation: the interpreter's bf16 dot is wrong (the GPU's is tested in tests/gpu)
-            out = th._w8a16(x.float(), w, bs, rows, bias.float(), cfg)
+            out = dense_w8a16._w8a16(x.float(), w, bs, rows, bias.float(), cfg)
             ref = x.double() @ deq.double().t() + bias.double()
             assert out.shape == (m, n) and out.dtype == torch.float32
             err = ((out.double() - ref).norm() / ref.norm()).item()
             assert err == err, (m, n, k, rows)  # NaN would slip through max()
             worst = max(worst, err)
 try:
-    th.w8a16_gemm(x.half(), w, bs, rows)
+    dense_w8a16.w8a16_gemm(x.half(), w, bs, rows)
 except TypeError as e:
     assert "bfloat16" in str(e)
 else:
@@ -110,52 +110,11 @@ def align(topk_ids, block, num_experts):
     return sorted_ids, torch.tensor(experts, dtype=torch.int32), torch.tensor([len(sorted_ids)], dtype=torch.int32)
 """
 
-MOE_WEIGHT_ONLY = ALIGN + r"""
-import torch.nn.functional as F
-from sglang_mxfp8.ops import triton_sm90 as th
-from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_mxfp8
-from sglang_mxfp8.layouts.hopper import BlockScaleConverter
-
-torch.manual_seed(2)
-worst = 0.0
-for e_count, h, inter, top_k, m in [(8, 256, 128, 2, 1), (8, 384, 128, 2, 5), (4, 256, 256, 3, 17)]:
-    w13, s13 = quantize_mxfp8(torch.randn(e_count, 2 * inter, h) * 0.05)
-    w2, s2 = quantize_mxfp8(torch.randn(e_count, h, inter) * 0.05)
-    c13 = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13.refresh(w13, s13)
-    c2 = BlockScaleConverter(e_count, h, inter, 128, "cpu", "w2"); c2.refresh(w2, s2)
-    x = torch.randn(m, h)
-    tw, ids = torch.topk(torch.softmax(torch.randn(m, e_count), -1), top_k, dim=-1)
-    tw, ids = (tw / tw.sum(-1, keepdim=True)).float(), ids.int()
-    d13 = [dequantize_block_fp8(w13[e], c13.block_scale[e], 128).double() for e in range(e_count)]
-    d2 = [dequantize_block_fp8(w2[e], c2.block_scale[e], 128).double() for e in range(e_count)]
-    ref = torch.zeros(m, h, dtype=torch.float64)
-    for t in range(m):
-        for j in range(top_k):
-            e = int(ids[t, j])
-            gate_up = d13[e] @ x[t].double()
-            ref[t] += tw[t, j] * (d2[e] @ (F.silu(gate_up[:inter]) * gate_up[inter:]))
-    for cfg in (None, dict(BLOCK_M=16, BLOCK_N=32, num_warps=2, num_stages=2)):
-        out = th._moe_w8a16(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, cfg, align,
-                            lambda u: F.silu(u[:, :u.shape[1] // 2]) * u[:, u.shape[1] // 2:])
-        assert out.shape == (m, h)
-        err = ((out.double() - ref).norm() / ref.norm()).item()
-        assert err == err, (e_count, h, inter, m)  # NaN would slip through max()
-        worst = max(worst, err)
-print(f"{worst:.8f}")
-"""
-
-
-def test_interpreted_weight_only_moe_matches_float64_reference():
-    p = run_python(MOE_WEIGHT_ONLY, {"TRITON_INTERPRET": "1"}, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert float(p.stdout.split()[-1]) < 1e-5  # exact expert weights, fp32 operands and accumulation
-
-
 MOE_W8A8 = (
     ALIGN
     + r"""
 import torch.nn.functional as F
-from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.ops.triton_sm90 import act_quant, moe_sorted
 from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
 from sglang_mxfp8.layouts.hopper import BlockScaleConverter
 
@@ -190,19 +149,19 @@ for e_count, h, inter, top_k, m in [(4, 96, 96, 2, 5), (4, 576, 160, 3, 17), (8,
         q, s = quantize_activation_1x128(x)
         sorted_ids, expert_ids, padded = align(ids, cfg["BLOCK_M"], e_count)
         up = torch.empty(m * top_k, 2 * inter, dtype=torch.float32)
-        th._moe_gemm_w8a8(q, s, w13, c13.block_scale, up, sorted_ids, expert_ids, padded, tw, top_k, cfg)
+        moe_sorted._moe_gemm_w8a8(q, s, w13, c13.block_scale, up, sorted_ids, expert_ids, padded, tw, top_k, cfg)
         ref_up = torch.stack([deq_act((q, s))[t // top_k] @ d13[int(ids.flatten()[t])].t() for t in range(m * top_k)])
         gemm_worst = max(gemm_worst, ((up.double() - ref_up).norm() / ref_up.norm()).item())
         # the whole MoE, against float64 GEMMs on activations quantized by the same Triton quantizer (the
         # interpreter's e4m3 cast is not the GPU's, so the host quantizer would differ by a few percent)
-        out = th.moe_w8a8(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, cfg, align, silu_and_mul)
+        out = moe_sorted.moe_w8a8(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, cfg, align, silu_and_mul)
         ref = torch.zeros(m, h, dtype=torch.float64)
-        xq = deq_act(th.quantize_act_1x128(x))
+        xq = deq_act(act_quant.quantize_act_1x128(x))
         for t in range(m):
             for j in range(top_k):
                 e = int(ids[t, j])
                 gate_up = (d13[e] @ xq[t]).float()
-                act = deq_act(th.quantize_act_1x128(silu_and_mul(gate_up[None])))[0]
+                act = deq_act(act_quant.quantize_act_1x128(silu_and_mul(gate_up[None])))[0]
                 ref[t] += tw[t, j].double() * (d2[e] @ act)
         assert out.shape == (m, h) and out.dtype == torch.float32
         err = ((out.double() - ref).norm() / ref.norm()).item()
@@ -211,14 +170,15 @@ for e_count, h, inter, top_k, m in [(4, 96, 96, 2, 5), (4, 576, 160, 3, 17), (8,
     # w13 as [up; gate], converted on its own: the same MoE, each half read where it lies
     c13s = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13s.refresh(w13s, s13s)
     d13s = [dequantize_block_fp8(w13s[e], c13s.block_scale[e], 128).double() for e in range(e_count)]
-    out = th.moe_w8a8(x, w13s, c13s.block_scale, w2, c2.block_scale, tw, ids, cfg, align, silu_and_mul, up_first=True)
+    out = moe_sorted.moe_w8a8(x, w13s, c13s.block_scale, w2, c2.block_scale, tw, ids, cfg, align, silu_and_mul,
+                              up_first=True)
     ref = torch.zeros(m, h, dtype=torch.float64)
     for t in range(m):
         for j in range(top_k):
             e = int(ids[t, j])
             up_gate = (d13s[e] @ xq[t]).float()
             gate_up = torch.cat([up_gate[inter:], up_gate[:inter]])
-            act = deq_act(th.quantize_act_1x128(silu_and_mul(gate_up[None])))[0]
+            act = deq_act(act_quant.quantize_act_1x128(silu_and_mul(gate_up[None])))[0]
             ref[t] += tw[t, j].double() * (d2[e] @ act)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     assert err == err, (e_count, h, inter, m, "up first")
@@ -239,7 +199,7 @@ def test_interpreted_masked_w8a8_moe_matches_float64_reference():
 GEMV = r"""
 import torch
 import torch.nn.functional as F
-from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.ops.triton_sm90 import gemv
 from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
 from sglang_mxfp8.layouts.hopper import BlockScaleConverter
 
@@ -255,7 +215,7 @@ for n, k in [(64, 128), (200, 352), (130, 256), (96, 96), (300, 544)]:  # N and 
         for cfg in (None, dict(BLOCK_N=8, GROUPS=4, num_warps=2, num_stages=2)):  # K groups masked past KB
             for b in (None, bias):
                 # float32 activation: the interpreter truncates to bf16 (the GPU rounds; tested in tests/gpu)
-                out = th._w8a16_gemv(x, w, bs, rows, b, cfg)
+                out = gemv._w8a16_gemv(x, w, bs, rows, b, cfg)
                 ref = x.double() @ deq.t() + (0 if b is None else b.double())
                 err = ((out.double() - ref).norm() / ref.norm()).item()
                 assert out.shape == (1, n) and err == err, (n, k, rows)  # NaN would slip through max()
@@ -280,13 +240,13 @@ for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 288, 96
     ref = sum(per_slot)
     tile = dict(BLOCK_N=128, GROUPS=2, num_warps=2, num_stages=2)  # N tails below BLOCK_N, K groups masked
     for up_cfg, down_cfg in ((None, None), (tile, dict(tile, BLOCK_N=64, GROUPS=4))):
-        out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, up_cfg, down_cfg)
+        out = gemv._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, up_cfg, down_cfg)
         err = ((out[0].double() - ref).norm() / ref.norm()).item()
         assert out.shape == (1, h) and err == err, (e_count, h, inter)
         worst = max(worst, err)
     # w13 as [up; gate], converted on its own: each half read where it lies
     c13s = BlockScaleConverter(e_count, 2 * inter, h, 128, "cpu", "w13"); c13s.refresh(w13s, s13s)
-    swapped = th._moe_gemv(x, w13s, c13s.block_scale, w2, c2.block_scale, tw, ids, None, None, up_first=True)
+    swapped = gemv._moe_gemv(x, w13s, c13s.block_scale, w2, c2.block_scale, tw, ids, None, None, up_first=True)
     ref_s = 0
     for j in range(top_k):
         e = int(ids[0, j])
@@ -295,15 +255,15 @@ for e_count, h, inter, top_k in [(8, 256, 128, 2), (8, 384, 160, 3), (4, 288, 96
         ref_s = ref_s + tw[0, j] * (down @ (F.silu(up_gate[inter:]) * up_gate[:inter]))
     worst = max(worst, ((swapped[0].double() - ref_s).norm() / ref_s.norm()).item())
     if inter % 128 == 0:  # 128-row blocks that hold one half each convert alike in either order: the same bits
-        swapped_equal.append(torch.equal(swapped, th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids,
+        swapped_equal.append(torch.equal(swapped, gemv._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids,
                                                                None, None)))
     dropped = ids.clone()
     dropped[0, -1] = -1  # an expert id < 0 (not on this rank) adds nothing
-    out = th._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, dropped, None, None)
+    out = gemv._moe_gemv(x, w13, c13.block_scale, w2, c2.block_scale, tw, dropped, None, None)
     rest = sum(per_slot[:-1])
     worst = max(worst, ((out[0].double() - rest).norm() / rest.norm()).item())
 for bad in (torch.randn(1, 64).half(), torch.randn(2, 64).bfloat16()):
-    for call in (lambda: th.w8a16_gemv(bad, w, bs, rows), lambda: th.moe_gemv(bad, w13, s13, w2, s2, tw, ids)):
+    for call in (lambda: gemv.w8a16_gemv(bad, w, bs, rows), lambda: gemv.moe_gemv(bad, w13, s13, w2, s2, tw, ids)):
         try:
             call()
         except TypeError as e:
@@ -325,7 +285,7 @@ def test_interpreted_gemv_kernels_match_float64_reference():
 GROUPED_GLUE = r"""
 import torch
 import torch.nn.functional as F
-from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.ops.triton_sm90 import act_quant, moe_segments
 from sglang_mxfp8.format.numerics import quantize_activation_1x128
 torch.manual_seed(3)
 experts, top_k = 6, 3
@@ -336,12 +296,12 @@ for m, k in [(1, 128), (5, 256), (9, 1152)]:  # 1152: nine 128-groups, a second 
     counts = torch.bincount(ids.flatten().long(), minlength=experts).int()
     padded = (counts + 127) // 128 * 128
     starts = (torch.cumsum(padded, 0) - padded).int()
-    cursor, seg_end, end = th.moe_segments(ids, experts)
+    cursor, seg_end, end = moe_segments.moe_segments(ids, experts)
     assert torch.equal(cursor, starts) and torch.equal(seg_end, starts + padded) and torch.equal(end, starts + counts)
     rows = int(padded.sum()) + 128
-    q, s, slots = th.moe_scatter_quant(x, ids, cursor, rows)
+    q, s, slots = moe_segments.moe_scatter_quant(x, ids, cursor, rows)
     assert torch.equal(cursor, starts + counts)  # advanced past each expert's slots
-    q_tok, s_tok = th.quantize_act_1x128(x)  # the interpreter's e4m3 cast on both sides
+    q_tok, s_tok = act_quant.quantize_act_1x128(x)  # the interpreter's e4m3 cast on both sides
     assert torch.equal(s_tok.isnan(), quantize_activation_1x128(x)[1].isnan())
     assert s.shape == (rows, k // 128) and s.stride() == (1, rows) and slots.shape == (m, top_k)
     assert slots.unique().numel() == m * top_k  # no row claimed twice
@@ -354,7 +314,7 @@ for m, k in [(1, 128), (5, 256), (9, 1152)]:  # 1152: nine 128-groups, a second 
     # the weighted gather against a float64 sum
     y = torch.randn(rows, 192).to(torch.bfloat16)
     tw = torch.rand(m, top_k)
-    out = th.moe_gather(y, slots, tw)
+    out = moe_segments.moe_gather(y, slots, tw)
     ref = (y[slots.long()].double() * tw.double()[..., None]).sum(1)
     assert out.dtype == torch.bfloat16 and out.shape == (m, 192)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 4e-3, m
@@ -365,12 +325,12 @@ for m, k in [(1, 128), (5, 256), (9, 1152)]:  # 1152: nine 128-groups, a second 
 inter = 256
 counts = torch.tensor([20, 0, 37, 128], dtype=torch.int32)
 ids = torch.repeat_interleave(torch.arange(4, dtype=torch.int32), counts)[torch.randperm(int(counts.sum()))]
-_, seg_end, end = th.moe_segments(ids.view(-1, 1), 4)
+_, seg_end, end = moe_segments.moe_segments(ids.view(-1, 1), 4)
 assert seg_end.tolist() == [128, 128, 256, 384] and end.tolist() == [20, 128, 165, 384]
 h = torch.randn(384 + 16, 2 * inter).to(torch.bfloat16)
-a, a_s = th.silu_mul_quant(h, seg_end, end)
+a, a_s = moe_segments.silu_mul_quant(h, seg_end, end)
 assert a_s.stride() == (1, 400)
-a_up, a_s_up = th.silu_mul_quant(torch.cat([h[:, inter:], h[:, :inter]], 1), seg_end, end, up_first=True)
+a_up, a_s_up = moe_segments.silu_mul_quant(torch.cat([h[:, inter:], h[:, :inter]], 1), seg_end, end, up_first=True)
 for lo, hi in [(0, 20), (128, 165), (256, 384)]:  # [up | gate] in: the same bits on the rows that hold a slot
     assert torch.equal(a_up[lo:hi].view(torch.uint8), a[lo:hi].view(torch.uint8))
     assert torch.equal(a_s_up[lo:hi], a_s[lo:hi])
@@ -383,7 +343,7 @@ for lo, hi in [(0, 20), (128, 165), (256, 384)]:
 ids = torch.randint(0, 300, (1000, 5), dtype=torch.int32)
 counts = torch.bincount(ids.flatten().long(), minlength=300).int()
 padded = (counts + 127) // 128 * 128
-cursor, seg_end, end = th.moe_segments(ids, 300)
+cursor, seg_end, end = moe_segments.moe_segments(ids, 300)
 assert torch.equal(seg_end, torch.cumsum(padded, 0).int()) and torch.equal(end, seg_end - padded + counts)
 assert torch.equal(cursor, seg_end - padded)
 print("ok")
@@ -400,7 +360,7 @@ SM90_COMPILE = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from sglang_mxfp8.ops import triton_sm90 as th
+from sglang_mxfp8.ops.triton_sm90 import act_quant, moe_sorted
 
 def compile_sm90(kernel, pointers, constexprs, config):
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in kernel.arg_names}
@@ -410,31 +370,25 @@ def compile_sm90(kernel, pointers, constexprs, config):
 moe = {"sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "padded_ptr": "*i32", "topk_w_ptr": "*fp32",
        "b_ptr": "*fp8e4nv", "sb_ptr": "*fp32", "c_ptr": "*bf16"}
 for m, top_k, experts in ((4, 8, 128), (4096, 8, 128)):  # both tile configs the masked MoE picks
-    cfg = th.moe_w8a8_config(m, top_k, experts)
+    cfg = moe_sorted.moe_w8a8_config(m, top_k, experts)
     tiles = {k: v for k, v in cfg.items() if k.startswith("BLOCK")}
     for gemm in (dict(A_ROW_DIV=top_k, MUL_ROUTED_WEIGHT=False, SWAP_HALVES=True),
                  dict(A_ROW_DIV=1, MUL_ROUTED_WEIGHT=True, SWAP_HALVES=False)):
-        c = compile_sm90(th._moe_w8a8_kernel, {**moe, "a_ptr": "*fp8e4nv", "sa_ptr": "*fp32"},
-                         {**gemm, **tiles, "BLOCK_K": th.GROUP_K},
+        c = compile_sm90(moe_sorted._moe_w8a8_kernel, {**moe, "a_ptr": "*fp8e4nv", "sa_ptr": "*fp32"},
+                         {**gemm, **tiles, "BLOCK_K": act_quant.GROUP_K},
                          {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
         print("w8a8", tiles["BLOCK_M"], len(c.asm["cubin"]), "wgmma" if "wgmma" in c.asm["ptx"] else
               "mma" if "mma.sync" in c.asm["ptx"] else "no-mma")
-cfg = th.MOE_W8A16_CONFIG
-c = compile_sm90(th._moe_w8a16_kernel, {**moe, "a_ptr": "*bf16"},
-                 dict(A_ROW_DIV=1, MUL_ROUTED_WEIGHT=True, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                      BLOCK_K=th.GROUP_K), {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
-print("w8a16", cfg["BLOCK_M"], len(c.asm["cubin"]), "mma" if "mma" in c.asm["ptx"] else "no-mma")
 """
 
 
 def test_moe_kernels_compile_for_sm90_with_tensor_core_dots():
     """Triton compiles the sorted-token MoE kernels for sm_90 on this GPU-less machine (the interpreter runs no
     compiler): the masked W8A8 MoE at both tile configs it picks, its up and down GEMMs, lowers its FP8 dot to tensor
-    cores (wgmma for 64-row tiles, mma for 16-row ones); the weight-only MoE compiles too."""
+    cores (wgmma for 64-row tiles, mma for 16-row ones)."""
     p = run_python(SM90_COMPILE, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = [line.split() for line in p.stdout.splitlines() if line.startswith(("w8a8", "w8a16"))]
+    lines = [line.split() for line in p.stdout.splitlines() if line.startswith("w8a8")]
     assert [(kind, rows, dot) for kind, rows, _, dot in lines] == [
-        ("w8a8", "16", "mma"), ("w8a8", "16", "mma"), ("w8a8", "64", "wgmma"), ("w8a8", "64", "wgmma"),
-        ("w8a16", "16", "mma")]
+        ("w8a8", "16", "mma"), ("w8a8", "16", "mma"), ("w8a8", "64", "wgmma"), ("w8a8", "64", "wgmma")]
     assert all(int(size) > 10_000 for _, _, size, _ in lines)  # cubins, not empty modules

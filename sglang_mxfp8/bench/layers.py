@@ -166,7 +166,7 @@ def _moe_layer(plan, w13, w2, top_k: int):
     from ..format.numerics import quantize_mxfp8
 
     inter = w2.shape[2]
-    order = torch.cat([w13[:, inter:], w13[:, :inter]], 1) if plan.base.up_proj_first else w13
+    order = torch.cat([w13[:, inter:], w13[:, :inter]], 1) if plan.base.layout.up_first else w13
     q13, s13 = quantize_mxfp8(order)
     q2, s2 = quantize_mxfp8(w2)
     layer = torch.nn.Module()

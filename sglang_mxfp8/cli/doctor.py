@@ -82,10 +82,6 @@ def report(args, gpu: Optional[GpuSpec]) -> int:
         print(f"GPU: {gpu.label}")
         print(f"  {registry.DENSE_FLAG}: valid {', '.join(registry.flag_choices('linear', gpu)) or 'none'}")
         print(f"  {registry.MOE_FLAG}: valid {', '.join(registry.flag_choices('moe', gpu)) or 'none'}")
-        opt_in = registry.opt_in_kernels(gpu)
-        if opt_in:
-            print(f"  opt-in kernels (not yet run on this kind of GPU; SGLANG_MXFP8_ENABLED_KERNELS=name,... turns "
-                  f"them on): {', '.join(opt_in)}")
     if not args.model:
         return 0
     try:

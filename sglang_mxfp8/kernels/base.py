@@ -15,6 +15,7 @@ and any number of band kernels before it (one-token GEMVs, prefill GEMMs) that r
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from abc import ABC, abstractmethod
@@ -87,18 +88,38 @@ class MoESpec:
 
 class LayerState:
     """A layer's derived tensors and kernel objects (scales in kernel layouts, converters, scratch), allocated once.
-    The storage check after each load walks it: :meth:`tensors`."""
+    Each family of base kernels declares its own as a slotted dataclass (its ``state_type``), so a kernel writes only
+    the fields its family has. The storage check after each load walks it: :meth:`tensors`."""
 
-    up_first = False  # w13 holds [up; gate] rows (FlashInfer's fused MoE layout) rather than SGLang's [gate; up]
+    __slots__ = ()
 
     def tensors(self) -> Iterator[Tuple[str, torch.Tensor]]:
-        for name, value in vars(self).items():
+        for field in dataclasses.fields(self):
+            name, value = field.name, getattr(self, field.name)
             if isinstance(value, torch.Tensor):
                 yield name, value
             elif hasattr(value, "__dict__"):
                 for inner, t in vars(value).items():
                     if isinstance(t, torch.Tensor):
                         yield f"{name}.{inner}", t
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """The weight layout a kernel writes (as a plan's base) or reads (as a band kernel): every kernel of a plan reads
+    the one its base wrote, so nothing is converted or stored twice."""
+
+    scale_rows: Optional[int] = None  # Hopper float32 scale blocks: 1 (row x 128 columns), 128 (128x128); None: any
+    up_first: bool = False  # MoE w13 as [up; gate] rows (SGLang's loader reads load_up_proj_weight_first)
+    either_w13_order: bool = False  # a band MoE kernel reading w13 in the base's order (state.up_first)
+
+    def mismatch(self, base: "WeightLayout", base_name: str) -> Optional[str]:
+        """Why a kernel reading this layout cannot run beside the base ``base_name`` writing ``base``, or None."""
+        if self.scale_rows not in (None, base.scale_rows):
+            return f"reads {self.scale_rows}-row weight scale blocks; {base_name} writes {base.scale_rows}"
+        if base.up_first and not (self.up_first or self.either_w13_order):
+            return f"reads w13 as [gate; up]; {base_name} loads it as [up; gate]"
+        return None
 
 
 class Kernel(ABC):
@@ -108,9 +129,8 @@ class Kernel(ABC):
     name = ""  # what SGLANG_MXFP8_DISABLED_KERNELS and the plans call it
     title = ""  # what it is, in a few words
     archs: Tuple[str, ...] = ()  # GpuSpec.arch values it runs on
-    # Hopper: rows of the float32 weight scale blocks it reads (1: per row x 128 columns, 128: 128x128 blocks);
-    # a base kernel writes them, a band kernel needs the base kernel's; None: any (or a layout of its own)
-    scale_rows: Optional[int] = None
+    layout = WeightLayout()  # what it writes as a base kernel, reads as a band kernel
+    state_type: type = LayerState  # as a base kernel: the layer state its family's kernels fill
     native = False  # SGLang's own method runs the layer (this package only chooses it)
 
     def is_supported(self, gpu: GpuSpec, settings: Settings) -> Check:
@@ -118,16 +138,11 @@ class Kernel(ABC):
             return False, f"runs on {'/'.join(self.archs)}, not {gpu.label}"
         if self.name in settings.disabled_kernels:
             return False, f"{DISABLED_KERNELS_ENV} lists it"
-        why = self.missing(gpu) or (None if self.name in settings.enabled_kernels else self.opt_in(gpu))
+        why = self.missing(gpu)
         return (False, why) if why else OK
 
     def missing(self, gpu: GpuSpec) -> Optional[str]:
         """Why a library or build this kernel needs is not here, or None."""
-        return None
-
-    def opt_in(self, gpu: GpuSpec) -> Optional[str]:
-        """Why this kernel runs only where SGLANG_MXFP8_ENABLED_KERNELS names it (not yet run on ``gpu``'s kind of
-        GPU), as one line saying how to turn it on; None for a kernel the registry picks by itself."""
         return None
 
     @abstractmethod
@@ -140,9 +155,7 @@ class Kernel(ABC):
 
     def layout_mismatch(self, base: "Kernel") -> Optional[str]:
         """Why this band kernel cannot read the weight layout ``base`` writes, or None."""
-        if self.scale_rows not in (None, base.scale_rows):
-            return f"reads {self.scale_rows}-row weight scale blocks; {base.name} writes {base.scale_rows}"
-        return None
+        return self.layout.mismatch(base.layout, base.name)
 
     def create_buffers(self, layer: torch.nn.Module, spec, state: LayerState) -> None:
         pass
@@ -186,16 +199,7 @@ class LinearKernel(Kernel):
 
 
 class MoEKernel(Kernel):
-    # as a base kernel: w13 loaded as [up; gate] (SGLang's loader reads load_up_proj_weight_first)
-    up_proj_first = False
-    any_w13_order = False  # as a band kernel: reads w13 in either order (the base's, from state.up_first)
-    scales_output = False  # applies the router's routed_scaling_factor itself
-
-    def layout_mismatch(self, base: Kernel) -> Optional[str]:
-        why = super().layout_mismatch(base)
-        if why is None and getattr(base, "up_proj_first", False) and not (self.up_proj_first or self.any_w13_order):
-            why = f"reads w13 as [gate; up]; {base.name} loads it as [up; gate]"
-        return why
+    scales_output = False  # applies the router's routed_scaling_factor itself (what its output holds, not a layout)
 
     def create_runner(self, layer, state: LayerState, moe_runner_config) -> None:
         pass

@@ -90,7 +90,7 @@ class Plan:
 
     # -- what the layer runs -------------------------------------------------------------------------------------
     def create_buffers(self, layer: torch.nn.Module) -> LayerState:
-        state = LayerState()
+        state = self.base.state_type()
         for e in reversed(self.entries):  # the base kernel's layout first: band kernels read it
             e.kernel.create_buffers(layer, self.spec, state)
         return state

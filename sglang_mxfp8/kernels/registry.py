@@ -16,7 +16,7 @@ from typing import Dict, List, Tuple, Union
 
 from ..flags import DENSE_FLAG, DENSE_FLAGS, MOE_FLAG, MOE_FLAGS
 from ..platform import GpuSpec
-from ..settings import DISABLED_KERNELS_ENV, ENABLED_KERNELS_ENV, Settings
+from ..settings import DISABLED_KERNELS_ENV, Settings
 from ..settings import current as current_settings
 from .base import Kernel, LinearSpec, MoESpec, Mxfp8ConfigError, log_once
 from .plan import Cite, Entry, Plan, select
@@ -195,11 +195,6 @@ def flag_kernels(kind: str, gpu: GpuSpec, flag: str, settings: Settings = None) 
     return [e.kernel for e in table(kind, gpu).entries(flag) if e.kernel.is_supported(gpu, settings)[0]]
 
 
-def opt_in_kernels(gpu: GpuSpec) -> List[str]:
-    """The kernels for ``gpu``'s architecture that run only where SGLANG_MXFP8_ENABLED_KERNELS names them."""
-    return [k.name for k in all_kernels() if gpu.arch in k.archs and k.opt_in(gpu)]
-
-
 def check_gpu(gpu: GpuSpec) -> None:
     if "linear" not in REGISTRY.get(gpu.arch, {}):
         raise Mxfp8ConfigError(
@@ -246,14 +241,10 @@ def check_flag(kind: str, gpu: GpuSpec, flag: str, settings: Settings = None) ->
 
 
 def _select(kind: str, spec, gpu: GpuSpec, flag: str, settings: Settings, bands: bool = True) -> Plan:
-    for env, names in (
-        (DISABLED_KERNELS_ENV, settings.disabled_kernels),
-        (ENABLED_KERNELS_ENV, settings.enabled_kernels),
-    ):
-        unknown = names - set(kernel_names()) - {"precompile"}
-        if unknown:
-            log_once(30, f"sglang_mxfp8: {env} names no kernel called {', '.join(sorted(unknown))} "
-                         f"(kernels: {', '.join(kernel_names())})")
+    unknown = settings.disabled_kernels - set(kernel_names()) - {"precompile"}
+    if unknown:
+        log_once(30, f"sglang_mxfp8: {DISABLED_KERNELS_ENV} names no kernel called {', '.join(sorted(unknown))} "
+                     f"(kernels: {', '.join(kernel_names())})")
     check_flag(kind, gpu, flag, settings)
     return select(spec, gpu, flag, table(kind, gpu).entries(flag), settings, bands)
 

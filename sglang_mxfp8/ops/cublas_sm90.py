@@ -35,7 +35,7 @@ def blockscale_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bia
                     out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] bf16 -> [M, N]: x quantized per (token, 128 columns), times w [N, K] e4m3 with w_scale
     [ceil(N / 128), K / 128] float32 (row-major, one per 128x128 block), float32 accumulation in cuBLAS."""
-    from .triton_sm90 import quantize_act_1x128
+    from .triton_sm90.act_quant import quantize_act_1x128
 
     m = x.shape[0]
     q, s = quantize_act_1x128(x, m_major=True)

@@ -24,7 +24,7 @@ def dense_gemm(x: torch.Tensor, w: torch.Tensor, w_block_scale: torch.Tensor,
     """x [M, K] bf16 -> [M, N] bf16: x quantized per (token, 128 columns) (rows padded to a multiple of 4, as
     DeepGEMM's TMA reads the token-fastest scales), times w [N, K] e4m3 with w_block_scale [ceil(N / 128), K / 128]
     float32 (one per 128x128 block), float32 accumulation in DeepGEMM."""
-    from .triton_sm90 import quantize_act_1x128
+    from .triton_sm90.act_quant import quantize_act_1x128
 
     q, s = quantize_act_1x128(x, m_major=True)
     out = torch.empty((q.shape[0], w.shape[0]), dtype=torch.bfloat16, device=x.device)

@@ -81,8 +81,7 @@ def sglang_module(*names: str) -> Optional[ModuleType]:
 @functools.lru_cache(maxsize=None)
 def sglang_object(what: str, has: str = ""):
     """The first ``module:attribute`` of ``MOVED[what]`` this SGLang has (with an attribute ``has``, if given); looked
-    up
-    once per process (kernels call it per launch, and a failed import searches the whole path)."""
+    up once per process (kernels call it per launch, and a failed import searches the whole path)."""
     for location in MOVED[what]:
         module_name, attr = location.split(":")
         obj = getattr(sglang_module(module_name), attr, None)

@@ -1,8 +1,7 @@
 """What SGLang's loader wrote into each MXFP8 layer since its last post-load step: the load tracker wraps every
 parameter's ``weight_loader`` (the SGLang seam a load passes through), refuses a tensor of the wrong dtype or a scale
 of the wrong shape before it is copied, quantizes a trainer's float tensor where the parameter lives, and tells
-post-load
-processing whether a weight arrived without its scale."""
+post-load processing whether a weight arrived without its scale."""
 
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ class Mxfp8MoEMethod(Fp8MoEMethod):
     @property
     def load_up_proj_weight_first(self) -> bool:
         """FlashInfer's CUTLASS MoE wants w13 as [up; gate]; SGLang's loader reads this on every load."""
-        return self.plan is not None and self.plan.base.up_proj_first
+        return self.plan is not None and self.plan.base.layout.up_first
 
     def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra):
         ep = getattr(layer, "moe_ep_size", 1)

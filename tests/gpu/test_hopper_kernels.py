@@ -13,7 +13,8 @@ pytestmark = pytest.mark.skipif(
 from sglang_mxfp8 import platform  # noqa: E402
 from sglang_mxfp8.format.numerics import dequantize_block_fp8, moe_reference, quantize_mxfp8  # noqa: E402
 from sglang_mxfp8.kernels import registry  # noqa: E402
-from sglang_mxfp8.kernels.base import LayerState, LinearSpec, MoESpec  # noqa: E402
+from sglang_mxfp8.kernels.base import LinearSpec, MoESpec  # noqa: E402
+from sglang_mxfp8.kernels.moe.common import HopperMoEState  # noqa: E402
 from sglang_mxfp8.kernels.plan import Entry, Plan  # noqa: E402
 from sglang_mxfp8.settings import Settings  # noqa: E402
 from gpu_checks import (  # noqa: E402
@@ -36,7 +37,7 @@ class Dense:
 
     @property
     def block_rows(self):
-        return self.plan.base.scale_rows
+        return self.plan.base.layout.scale_rows
 
     def apply(self, layer, x, bias=None):
         return self.plan.apply(layer, layer.mxfp8_state, x, bias)
@@ -240,7 +241,7 @@ def test_triton_bias_and_cuda_graph_replay_equal_eager():
                          + [(FLASHINFER, n, k) for n, k in SHAPES])
 def test_weight_only_gemm_matches_reference(m, backend_cls, n, k):
     """Weight-only FP8 on either backend's converted scales: BF16 activation as given, no quantization."""
-    from sglang_mxfp8.ops.triton_sm90 import w8a16_gemm
+    from sglang_mxfp8.ops.triton_sm90.dense_w8a16 import w8a16_gemm
 
     layer, be = _layer(backend_cls, n, k)  # FlashInfer's 128x128 layout is only converted, not run, here
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -258,7 +259,7 @@ def test_weight_only_gemm_matches_reference(m, backend_cls, n, k):
 
 def test_apply_serves_small_batches_weight_only():
     """The Triton plan's apply() runs the weight-only kernel up to 16 tokens, W8A8 above."""
-    from sglang_mxfp8.ops.triton_sm90 import w8a16_gemm
+    from sglang_mxfp8.ops.triton_sm90.dense_w8a16 import w8a16_gemm
 
     layer, be = _layer(TRITON, 2048, 4096, disabled=("gemv",))  # one token would take the GEMV (tested below)
     w8a8_only = Dense(registry.select_linear(be.plan.spec, be.plan.gpu, "triton",
@@ -295,24 +296,12 @@ def _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations: bool):
     return moe_reference(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids, fp8_activations)
 
 
-@pytest.mark.parametrize("m", [1, 4, 16, 64])
-def test_weight_only_moe_matches_reference(m):
-    """Weight-only FP8 MoE (SGLang's token alignment, sgl_kernel's SiLU-and-mul) vs float32 on the same weights."""
-    from sglang_mxfp8.ops.triton_sm90 import moe_w8a16
-
-    x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m)
-    out = moe_w8a16(x, w13, c13.block_scale, w2, c2.block_scale, tw, ids).float()
-    ref = _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations=False)
-    rel = ((out - ref).norm() / ref.norm()).item()
-    assert torch.isfinite(out).all() and rel < 1e-2, rel  # bf16 intermediates and output
-
-
 @pytest.mark.parametrize("backend_cls,n,k", [(TRITON, n, k) for n, k in SHAPES]
                          + [(FLASHINFER, n, k) for n, k in SHAPES]
                          + [(TRITON, 14336, 4096), (FLASHINFER, 4096, 14336)])  # Llama-3-8B MLP
 def test_gemv_matches_reference_and_replays_in_cuda_graph(backend_cls, n, k):
     """One-token weight-streaming GEMV on either backend's converted scales vs float32; a CUDA graph replays it."""
-    from sglang_mxfp8.ops.triton_sm90 import w8a16_gemv
+    from sglang_mxfp8.ops.triton_sm90.gemv import w8a16_gemv
 
     layer, be = _layer(backend_cls, n, k)
     scale = layer.mxfp8_converter.block_scale[0]
@@ -327,7 +316,7 @@ def test_gemv_matches_reference_and_replays_in_cuda_graph(backend_cls, n, k):
 
 def test_moe_gemv_matches_reference():
     """One token's MoE in two launches (SiLU-and-mul, routing weights and the expert sum fused) vs float32."""
-    from sglang_mxfp8.ops.triton_sm90 import moe_gemv
+    from sglang_mxfp8.ops.triton_sm90.gemv import moe_gemv
 
     for seed in range(3):
         x, w13, c13, w2, c2, tw, ids = _moe_case(1, seed=seed)
@@ -381,7 +370,7 @@ def test_moe_segments_match_torch_and_silu_skips_only_padding(m, skewed):
     """The grouped MoE's segments (one Triton launch of 1-64 programs) against torch's count / pad / cumsum on 128
     experts, top-8 (skewed: every other token routed to expert 5), twenty times over; SiLU-and-mul on the slot rows
     alone equals, row for row and bit for bit, the same kernel run over every padded row."""
-    from sglang_mxfp8.ops.triton_sm90 import moe_segments, silu_mul_quant
+    from sglang_mxfp8.ops.triton_sm90.moe_segments import moe_segments, silu_mul_quant
 
     g = torch.Generator(device="cuda").manual_seed(m)
     scores = torch.rand(m, 128, device="cuda", generator=g)
@@ -419,7 +408,7 @@ def _moe_layer(w13, c13, w2, c2, top_k, plan_entries):
     layer.w13_weight, layer.w2_weight, layer.top_k, layer.moe_ep_size = w13, w2, top_k, 1
     spec = MoESpec("test.experts", e_count, h, inter)
     plan = Plan(spec, platform.visible_gpu(), "auto", tuple(plan_entries))
-    layer.mxfp8_state = state = LayerState()
+    layer.mxfp8_state = state = HopperMoEState()
     state.w13, state.w2 = c13, c2
     for e in plan.entries[:-1]:
         e.kernel.create_buffers(layer, spec, state)
@@ -584,7 +573,7 @@ def test_moe_apply_runs_one_token_on_the_gemv():
     from sglang.srt.layers.moe.topk import StandardTopKOutput
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    from sglang_mxfp8.ops.triton_sm90 import moe_gemv
+    from sglang_mxfp8.ops.triton_sm90.gemv import moe_gemv
     from sglang_mxfp8.sglang import quant_methods as qm
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
@@ -620,7 +609,7 @@ def test_moe_apply_runs_one_token_on_the_gemv():
 @pytest.mark.parametrize("backend_cls", [TRITON, FLASHINFER])
 def test_dense_apply_runs_one_token_on_the_gemv(backend_cls, monkeypatch):
     """On a shape they list, both Hopper dense plans run one token on the GEMV and two on their own kernel."""
-    from sglang_mxfp8.ops.triton_sm90 import w8a16_gemv
+    from sglang_mxfp8.ops.triton_sm90.gemv import w8a16_gemv
 
     layer, be = _layer(backend_cls, 5120, 2048)
     assert be.plan.kernel_for(1).name == "gemv"
@@ -689,7 +678,7 @@ def test_off_grid_moe_plans_the_masked_moe_and_matches_reference(flag, e_count, 
     assert plan.bands() == {"other batches": "triton_w8a8_moe"}, plan.bands()
     for m in (1, 16, 256, 4096):
         x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m + h, e_count=e_count, h=h, inter=inter, top_k=top_k)
-        state = LayerState()
+        state = HopperMoEState()
         state.w13, state.w2 = c13, c2
         layer = torch.nn.Module()
         layer.w13_weight, layer.w2_weight = w13, w2
@@ -702,7 +691,7 @@ def test_off_grid_moe_plans_the_masked_moe_and_matches_reference(flag, e_count, 
 def test_masked_moe_nan_token_graph_replay_and_refit_in_place():
     """The masked MoE on an off-grid layer: a NaN token changes no other token's output, a CUDA graph replays the
     eager result, and a refit through the plan rewrites the weights and scales in place (again: a no-op)."""
-    from sglang_mxfp8.ops.triton_sm90 import moe_w8a8
+    from sglang_mxfp8.ops.triton_sm90.moe_sorted import moe_w8a8
 
     e_count, h, inter, top_k = 8, 576, 96, 4
     x, w13, c13, w2, c2, tw, ids = _moe_case(48, seed=3, e_count=e_count, h=h, inter=inter, top_k=top_k)

@@ -4,8 +4,7 @@ between; after each the server answers, a refused one keeps the outputs, an acce
 torch.compile never recompiles. Under piecewise CUDA graphs (SGLang's default) and without, for each Hopper MoE flag.
 
 ``REFUSALS_CASES`` picks cases by id (comma-separated, e.g. ``flashinfer_cutlass-pcg``); ``REFUSALS_FRESH_B=0`` starts
-no
-fresh server on the second checkpoint (its outputs are then those of its first accepted refit)."""
+no fresh server on the second checkpoint (its outputs are then those of its first accepted refit)."""
 
 import json
 import os

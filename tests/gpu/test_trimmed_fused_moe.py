@@ -1,7 +1,6 @@
 """FlashInfer's CUTLASS fused MoE on Hopper from the trimmed build (ops/flashinfer_jit/fused_moe.py), on the GPU:
-against
-float32 references, through the registry's plan for --moe-runner-backend flashinfer_cutlass, in a CUDA graph, and
-after a refit in place. The first test builds the module into FlashInfer's cache (minutes on a fresh machine)."""
+against float32 references, through the registry's plan for --moe-runner-backend flashinfer_cutlass, in a CUDA graph,
+and after a refit in place. The first test builds the module into FlashInfer's cache (minutes on a fresh machine)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..base import OK, LinearKernel
+from ..base import OK, LinearKernel, WeightLayout
 from .hopper_layout import block_scale
 
 
@@ -11,7 +11,7 @@ class CublasBlockScale(LinearKernel):
     name = "cublas"
     title = "cuBLAS block-scaled FP8 GEMM (torch scaled_mm)"
     archs = ("sm90",)
-    scale_rows = 128
+    layout = WeightLayout(scale_rows=128)
 
     def missing(self, gpu):
         from ...ops import cublas_sm90

@@ -4,7 +4,7 @@ import torch
 
 from ...ops import deepgemm_sm90
 from ... import platform
-from ..base import OK, LinearKernel
+from ..base import OK, LinearKernel, WeightLayout
 from ..precompile import precompile_batches
 from .hopper_layout import block_scale
 
@@ -16,7 +16,7 @@ class DeepGemmDense(LinearKernel):
     name = "deepgemm"
     title = "DeepGEMM fp8_gemm_nt"
     archs = ("sm90",)
-    scale_rows = 128
+    layout = WeightLayout(scale_rows=128)
 
     def missing(self, gpu):
         return platform.deep_gemm_missing("fp8_gemm_nt")

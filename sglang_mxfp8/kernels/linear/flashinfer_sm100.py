@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
 from ...layouts import blackwell as layouts
@@ -12,10 +15,23 @@ from ...layouts.hopper import ConversionStats
 from ...layouts.blackwell import InPlaceRowShuffle, pad_weight_storage
 from ...ops.flashinfer_sm100 import mxfp8_quantize_activation
 from ... import platform
-from ..base import OK, LinearKernel
+from ..base import OK, LayerState, LinearKernel
+
+
+@dataclass(slots=True)
+class Sm100LinearState(LayerState):
+    name: str = ""
+    n: int = 0
+    k: int = 0
+    storage: Optional[torch.Tensor] = None  # the weight's storage padded to whole 128-row tiles (trtllm)
+    shuffle: Optional[InPlaceRowShuffle] = None  # its in-place row shuffle (trtllm)
+    scale_shuffled: Optional[torch.Tensor] = None  # row-shuffled, 128x4-swizzled scales (trtllm)
+    scale_swizzled: Optional[torch.Tensor] = None  # 128x4-swizzled scales (cutlass)
 
 
 class _FlashInferMxfp8(LinearKernel):
+    state_type = Sm100LinearState
+
     def missing(self, gpu):
         return platform.flashinfer_missing()
 

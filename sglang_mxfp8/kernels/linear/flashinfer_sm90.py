@@ -4,7 +4,7 @@ import torch
 
 from ...ops.flashinfer_jit import blockscale_gemm, tile_configs
 from ... import platform
-from ..base import OK
+from ..base import OK, WeightLayout
 from ..precompile import compile_before_flashinfer, precompile_batches
 from .hopper_layout import HopperBlockScaleKernel, block_scale
 
@@ -17,7 +17,7 @@ class FlashInferSm90(HopperBlockScaleKernel):
 
     name = "flashinfer_sm90"
     title = "FlashInfer fp8_blockscale_gemm_sm90, BF16 in, 128x128 weight scales"
-    scale_rows = 128
+    layout = WeightLayout(scale_rows=128)
 
     def missing(self, gpu):
         return platform.flashinfer_missing()
@@ -37,8 +37,7 @@ class FlashInferSm90(HopperBlockScaleKernel):
     def precompile(self, layer, state, min_m, max_m):
         """Every tile config the op can select for min_m..max_m tokens: it compiles each with nvcc on first use, and
         a served batch that meets a new one stalls for seconds (ops/flashinfer_jit/tile_configs.py). Those not in
-        FlashInfer's
-        cache are compiled first by concurrent nvcc processes; running each batch size then loads them."""
+        FlashInfer's cache are compiled first by concurrent nvcc processes; running each batch size then loads them."""
         w, dtype = layer.weight, getattr(layer, "orig_dtype", torch.bfloat16)
         n, k = w.shape
         shape = tile_configs.GemmShape(n, k)

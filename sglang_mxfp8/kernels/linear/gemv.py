@@ -25,6 +25,6 @@ class Gemv(LinearKernel):
         return OK
 
     def gemm(self, layer, state, x, bias):
-        from ...ops.triton_sm90 import w8a16_gemv
+        from ...ops.triton_sm90.gemv import w8a16_gemv
 
         return w8a16_gemv(x, layer.weight, block_scale(state), state.converter.block_rows, bias)

@@ -3,20 +3,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 from ...layouts.hopper import BlockScaleConverter
 from ..base import LayerState, LinearKernel
 
 
+@dataclass(slots=True)
+class HopperLinearState(LayerState):
+    converter: Optional[BlockScaleConverter] = None  # the weight's block scales, written by the base kernel
+
+
 class HopperBlockScaleKernel(LinearKernel):
     archs = ("sm90",)
+    state_type = HopperLinearState
 
-    def create_buffers(self, layer, spec, state: LayerState) -> None:
-        state.converter = BlockScaleConverter(1, spec.n, spec.k, self.scale_rows, layer.weight.device, spec.name)
+    def create_buffers(self, layer, spec, state: HopperLinearState) -> None:
+        state.converter = BlockScaleConverter(1, spec.n, spec.k, self.layout.scale_rows, layer.weight.device, spec.name)
 
-    def process_weights_after_loading(self, layer, state: LayerState, scale):
+    def process_weights_after_loading(self, layer, state: HopperLinearState, scale):
         return state.converter.refresh(layer.weight.data, scale.data)
 
 
-def block_scale(state: LayerState):
+def block_scale(state: HopperLinearState):
     """The converted [N / rows, K / 128] float32 scales of a Hopper layer (whichever rows its base kernel wrote)."""
     return state.converter.block_scale[0]

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from ...ops.triton_sm90 import quantize_act_1x128, w8a8_gemm
-from ..base import OK
+from ...ops.triton_sm90.act_quant import quantize_act_1x128
+from ...ops.triton_sm90.dense_w8a8 import w8a8_gemm
+from ..base import OK, WeightLayout
 from .hopper_layout import HopperBlockScaleKernel, block_scale
 
 
@@ -11,7 +12,7 @@ class TritonW8A8(HopperBlockScaleKernel):
 
     name = "triton_w8a8"
     title = "Triton W8A8 FP8 GEMM, 1x128 activation and per-row 1x128 weight scales"
-    scale_rows = 1
+    layout = WeightLayout(scale_rows=1)
 
     def can_implement(self, spec):
         return OK  # any K % 32 == 0, which select_linear checks for every kernel

@@ -24,6 +24,6 @@ class WeightOnly(LinearKernel):
         return OK
 
     def gemm(self, layer, state, x, bias):
-        from ...ops.triton_sm90 import w8a16_gemm
+        from ...ops.triton_sm90.dense_w8a16 import w8a16_gemm
 
         return w8a16_gemm(x, layer.weight, block_scale(state), state.converter.block_rows, bias)

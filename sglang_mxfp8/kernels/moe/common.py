@@ -1,14 +1,15 @@
-"""What the MoE kernels share: size checks, whether a layer's experts are the kind our own kernels compute, and the
-batches their precompile runs."""
+"""What the MoE kernels share: size checks, whether a layer's experts are the kind our own kernels compute, the
+batches their precompile runs, and the Hopper MoE family's base kernel and layer state."""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 from ...layouts.hopper import BlockScaleConverter
-from ..base import OK, Check, MoEKernel, MoESpec
+from ..base import OK, Check, LayerState, MoEKernel, MoESpec, WeightLayout
 
 
 def non_standard(config, ep_size: int) -> Optional[str]:
@@ -62,18 +63,29 @@ def standard_sized_experts(spec: MoESpec, multiple: int, needs: str, fix: str, d
     ok, why = standard_experts(spec, dtypes)
     return size_refusal(spec, multiple, needs, fix) if ok else (ok, why)
 
+@dataclass(slots=True)
+class HopperMoEState(LayerState):
+    w13: Optional[BlockScaleConverter] = None  # the experts' block scales, written by the base kernel
+    w2: Optional[BlockScaleConverter] = None
+    up_first: bool = False  # w13 holds [up; gate] rows (FlashInfer's fused MoE layout), not SGLang's [gate; up]
+    runner: Any = None  # SGLang's MoeRunner (triton_moe)
+    deepgemm: Any = None  # the prefill band's buffers (kernels.moe.deepgemm.DeepGemmGroupedMoE)
+    cutlass: Any = None  # the prefill band's buffers (kernels.moe.cutlass_grouped.CutlassGroupedMoE)
+
+
 class BlockScaleExperts(MoEKernel):
     """A Hopper MoE base kernel on the weights converted in place to 128x128 power-of-two block scales: the
     converters (``state.w13``, ``state.w2``) that every Hopper MoE kernel, band or base, reads."""
 
     archs = ("sm90",)
-    scale_rows = 128
+    layout = WeightLayout(scale_rows=128)
+    state_type = HopperMoEState
 
-    def create_buffers(self, layer, spec, state):
+    def create_buffers(self, layer, spec, state: HopperMoEState):
         """The base kernel's converters (it runs first); a band kernel of this family reads the same ones."""
-        if hasattr(state, "w13"):
+        if state.w13 is not None:
             return
-        state.up_first = self.up_proj_first  # the w13 order every kernel of the plan reads
+        state.up_first = self.layout.up_first  # the w13 order every kernel of the plan reads
         dev = layer.w13_weight.device
         state.w13 = BlockScaleConverter(
             spec.experts, layer.w13_weight.shape[1], spec.hidden, 128, dev, f"{spec.name}.w13"

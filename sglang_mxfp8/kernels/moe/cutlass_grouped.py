@@ -4,7 +4,7 @@ from typing import Dict
 
 import torch
 
-from ..base import MoEKernel
+from ..base import MoEKernel, WeightLayout
 from .common import standard_sized_experts
 
 
@@ -56,7 +56,7 @@ class CutlassGroupedPrefillMoE(MoEKernel):
     name = "cutlass_moe"
     title = "SGLang's CUTLASS grouped block-FP8 MoE"
     archs = ("sm90",)
-    scale_rows = 128
+    layout = WeightLayout(scale_rows=128)
 
     def can_implement(self, spec):
         return standard_sized_experts(spec, 128, "which its grouped GEMM needs (128x128 weight blocks)",

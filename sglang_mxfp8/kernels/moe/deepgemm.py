@@ -6,7 +6,7 @@ import torch
 
 from ...ops.deepgemm_sm90 import grouped_precompile_ms
 from ... import error_line, platform
-from ..base import MoEKernel
+from ..base import MoEKernel, WeightLayout
 from ..precompile import precompile_batches
 from .common import experts_on_first_rows, routed_batch, standard_sized_experts
 
@@ -14,10 +14,10 @@ from .common import experts_on_first_rows, routed_batch, standard_sized_experts
 class DeepGemmGroupedMoE:
     """A prefill batch's MoE on DeepGEMM's grouped FP8 GEMM (contiguous layout; on Hopper its kernel takes 1x128
     activation and 128x128 weight scales in float32: the converted weights and scales as they are, nothing
-    copied). Our Triton glue (ops/triton_sm90.py): the tokens quantized and scattered to their experts' row segments
-    in one pass, SiLU-and-mul with the quantizer, and the routing-weighted gather. No host sync: the buffers take
-    the most rows a routing can need (each expert padded to 128), and DeepGEMM gets each expert's end row (its
-    "psum" layout), so it schedules only the rows the routing fills."""
+    copied). Our Triton glue (ops/triton_sm90/moe_segments.py): the tokens quantized and scattered to their experts'
+    row segments in one pass, SiLU-and-mul with the quantizer, and the routing-weighted gather. No host sync: the
+    buffers take the most rows a routing can need (each expert padded to 128), and DeepGEMM gets each expert's end row
+    (its "psum" layout), so it schedules only the rows the routing fills."""
 
     activation_dtypes = (torch.bfloat16,)  # DeepGEMM writes bf16
 
@@ -27,7 +27,8 @@ class DeepGemmGroupedMoE:
     def __call__(self, x, topk_weights, topk_ids, w13, w2, w13_block_scale, w2_block_scale,
                  up_first: bool = False) -> torch.Tensor:
         """``up_first``: w13 holds [up; gate] (as FlashInfer's fused MoE loads it)."""
-        from ...ops.triton_sm90 import SEGMENT_ALIGN, moe_gather, moe_scatter_quant, moe_segments, silu_mul_quant
+        from ...ops.triton_sm90.moe_segments import (SEGMENT_ALIGN, moe_gather, moe_scatter_quant, moe_segments,
+                                                     silu_mul_quant)
 
         deep_gemm = platform.load_deep_gemm()
 
@@ -52,8 +53,7 @@ class DeepGemmPrefillMoE(MoEKernel):
     name = "deepgemm_moe"
     title = "DeepGEMM m_grouped_fp8_gemm_nt_contiguous with our Triton glue"
     archs = ("sm90",)
-    scale_rows = 128
-    any_w13_order = True
+    layout = WeightLayout(scale_rows=128, either_w13_order=True)
 
     def missing(self, gpu) -> Optional[str]:
         """deep_gemm does not import, or its build lacks the per-expert end-row ("psum") layout of the contiguous
@@ -61,7 +61,7 @@ class DeepGemmPrefillMoE(MoEKernel):
         why = platform.deep_gemm_missing("m_grouped_fp8_gemm_nt_contiguous", "use_psum_layout")
         if why:
             return why
-        from ...ops.triton_sm90 import SEGMENT_ALIGN
+        from ...ops.triton_sm90.moe_segments import SEGMENT_ALIGN
 
         try:
             align = platform.load_deep_gemm().get_mk_alignment_for_contiguous_layout()

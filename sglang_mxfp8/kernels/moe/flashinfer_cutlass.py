@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 from ...ops.flashinfer_jit import fused_moe, tile_configs
 from ...layouts.blackwell import CutlassMoeScales
 from ...ops.flashinfer_sm100 import cutlass_mxfp8_moe
 from ... import platform
-from ..base import OK, MoEKernel
+from ..base import OK, LayerState, MoEKernel, WeightLayout
 from ..precompile import compile_before_flashinfer, precompile_batches
 from ...flags import MOE_FLAG
 from .common import BlockScaleExperts, experts_on_first_rows, routed_batch, standard_sized_experts
+
+
+@dataclass(slots=True)
+class CutlassMxfp8MoEState(LayerState):
+    scales: Optional[CutlassMoeScales] = None  # per-expert 128x4-swizzled scales, rewritten in place
 
 
 class FlashInferCutlassMxfp8MoE(MoEKernel):
@@ -19,7 +27,8 @@ class FlashInferCutlassMxfp8MoE(MoEKernel):
     name = "flashinfer_cutlass_mxfp8_moe"
     title = "FlashInfer cutlass_fused_moe MXFP8 x MXFP8, [up; gate] order"
     archs = ("sm100",)
-    up_proj_first = True
+    layout = WeightLayout(up_first=True)
+    state_type = CutlassMxfp8MoEState
     scales_output = True  # returned as the kernel writes it (routed_scaling_factor not applied on this path)
 
     def missing(self, gpu):
@@ -47,17 +56,16 @@ class FlashInferCutlassMxfp8MoE(MoEKernel):
 class FlashInferCutlassSm90MoE(BlockScaleExperts):
     """``cutlass_fused_moe`` in its DeepSeek FP8 block-scale mode on Hopper, from the trimmed JIT module
     (ops/flashinfer_jit/fused_moe.py: the BF16 x FP8 runner alone, 18 sources instead of FlashInfer's 181). The module
-    is
-    built into FlashInfer's cache once and reused after: at launch, in the background, and waited for at its first
+    is built into FlashInfer's cache once and reused after: at launch, in the background, and waited for at its first
     call (the load's precompile, else the first forward), so that the weights load and the other kernels compile
-    meanwhile. Reads the same converted weights as the Triton MoE (128x128 power-of-two block scales), w13 as
-    [up; gate]; quantizes the activations per 1x128 group itself. The base where --moe-runner-backend
-    flashinfer_cutlass asks for it, not under auto: on the H200 it measured 0.55-0.87x the speed of SGLang's Triton
-    MoE, so band kernels that read its w13 order take the batches where they measured faster (the registry)."""
+    meanwhile. Reads the same converted weights as the Triton MoE (128x128 power-of-two block scales), w13 as [up;
+    gate]; quantizes the activations per 1x128 group itself. The base where --moe-runner-backend flashinfer_cutlass asks
+    for it, not under auto: on the H200 it measured 0.55-0.87x the speed of SGLang's Triton MoE, so band kernels that
+    read its w13 order take the batches where they measured faster (the registry)."""
 
     name = "flashinfer_cutlass_moe_sm90"
     title = "FlashInfer cutlass_fused_moe, DeepSeek FP8 block scales (trimmed SM90 build)"
-    up_proj_first = True
+    layout = WeightLayout(scale_rows=128, up_first=True)
 
     def missing(self, gpu):
         return platform.flashinfer_missing() or fused_moe.unsupported()
@@ -77,8 +85,7 @@ class FlashInferCutlassSm90MoE(BlockScaleExperts):
     def precompile(self, layer, state, min_m, max_m):
         """One batch per tile config either grouped GEMM can pick for min_m..max_m tokens (the fused MoE compiles
         each with nvcc on first use, like the dense op: ops/flashinfer_jit/tile_configs.py), those not in FlashInfer's
-        cache
-        compiled first by concurrent nvcc processes."""
+        cache compiled first by concurrent nvcc processes."""
         top_k, dev = layer.top_k, layer.w13_weight.device
         experts, hidden, intermediate = layer.w2_weight.shape
         num_sms, firsts = platform.multiprocessors(dev), set()

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ..base import OK, MoEKernel
+from ..base import OK, MoEKernel, WeightLayout
 from .common import standard_experts
 
 
@@ -11,8 +11,7 @@ class GemvMoE(MoEKernel):
     name = "moe_gemv"
     title = "two-launch GEMV MoE"
     archs = ("sm90",)
-    scale_rows = 128
-    any_w13_order = True
+    layout = WeightLayout(scale_rows=128, either_w13_order=True)
 
     def __init__(self, shapes):
         self.shapes = frozenset(shapes)  # (hidden, intermediate per rank)
@@ -27,7 +26,7 @@ class GemvMoE(MoEKernel):
         return (ok, why) if not ok else OK
 
     def experts(self, layer, state, x, topk_weights, topk_ids):
-        from ...ops.triton_sm90 import moe_gemv
+        from ...ops.triton_sm90.gemv import moe_gemv
 
         return moe_gemv(x, layer.w13_weight, state.w13.block_scale, layer.w2_weight, state.w2.block_scale,
                         topk_weights, topk_ids, up_first=state.up_first)

@@ -11,7 +11,6 @@ class SglangNativeMoE(NativeKernel):
 
     title = "SGLang's own MXFP8 MoE runner"
     archs = ("sm100",)
-    up_proj_first = False  # SGLang's own method loads its weights
 
     def __init__(self, runner: str):
         self.runner = runner
