@@ -1,7 +1,6 @@
 """The kernel registry: each (architecture, flag, shape) gets the plan its priority list says, batch band by batch
 band; each kernel refuses on its own the shapes it cannot run; errors are one line naming the flag, GPU and choices."""
 
-import ast
 import sys
 import types
 from pathlib import Path
@@ -423,40 +422,6 @@ def test_every_kernel_is_named_once_and_disabling_knows_them():
     assert len(names) == len(set(names))
     assert {"gemv", "weight_only", "triton_w8a8", "flashinfer_sm90", "deepgemm", "cublas", "moe_gemv",
             "deepgemm_moe", "cutlass_moe", "triton_moe"} <= set(names)
-
-
-def _module_imports(path: Path) -> set:
-    """The sglang_mxfp8 modules ``path`` imports at module level (not inside functions)."""
-    name = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            if base.startswith("sglang_mxfp8"):
-                found.add(base)
-                found.update(f"{base}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("sglang_mxfp8"))
-    return found
-
-
-def test_module_imports_have_no_cycles():
-    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
-               for p in PACKAGE.rglob("*.py")}
-    graph = {m: {i for i in _module_imports(p) if i in modules and i != m} for m, p in modules.items()}
-
-    def visit(m, path):
-        assert m not in path, f"import cycle: {' -> '.join(path[path.index(m):] + [m])}"
-        for dep in graph[m]:
-            visit(dep, path + [m])
-
-    for m in graph:
-        visit(m, [])
-    assert "sglang_mxfp8.kernels.registry" in graph["sglang_mxfp8.cli.doctor"]
 
 
 def test_kernels_are_chosen_in_the_registry_only():

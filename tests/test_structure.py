@@ -1,7 +1,6 @@
 """The package's design, checked: its modules import one another in one direction (layers, function-level imports
 included) and never in a circle; every named patch finds its target on the SGLang under test (CI runs this with the
-oldest and the newest supported release); the startup hook watches what the patches name; a kernel must say what it
-runs."""
+oldest and the newest supported release); the startup hook watches what the patches name."""
 
 import ast
 import importlib
@@ -151,24 +150,3 @@ def test_the_startup_hook_watches_what_the_patches_name_and_imports_nothing_heav
         assert callable(getattr(importlib.import_module(f"sglang_mxfp8.sglang.patches.{submodule}"), function)), patch
     assert "sglang_mxfp8.sglang.patches.server_args" in sys.modules  # imported above, not by the hook
 
-
-def test_a_kernel_must_say_which_layers_it_runs_and_how():
-    from sglang_mxfp8.kernels.base import LinearKernel, MoEKernel
-
-    class Forgetful(LinearKernel):
-        name = "forgetful"
-
-        def gemm(self, layer, state, x, bias):
-            return x
-
-    with pytest.raises(TypeError, match="can_implement"):
-        Forgetful()
-
-    class NoExperts(MoEKernel):
-        name = "no_experts"
-
-        def can_implement(self, spec):
-            return True, ""
-
-    with pytest.raises(TypeError, match="experts"):
-        NoExperts()

@@ -333,6 +333,7 @@ def markdown() -> str:
     names = {"sm90": "Hopper (SM90)", "sm100": "Blackwell (SM100/103/107)", "sm110": "SM110", "sm120": "SM120/121"}
     lines = ["| GPU | layer | flag | base kernel (fallback) | band kernels beside it |", "|---|---|---|---|---|"]
     for arch, kinds in REGISTRY.items():
+        label = names[arch]  # on the architecture's first row only
         for kind, table in kinds.items():
             flags_of = {}
             for flag, bases in table.bases.items():
@@ -342,7 +343,8 @@ def markdown() -> str:
                 others = [e.kernel.name for e in bases[1:]]
                 bands = [f"{e.kernel.name} ({e.band()})" for e in table.bands
                          if e.with_base in (None, base.name) and e.kernel.layout_mismatch(base) is None]
-                lines.append(f"| {names[arch]} | {'dense' if kind == 'linear' else 'MoE'} | {', '.join(flags)} | "
+                lines.append(f"| {label} | {'dense' if kind == 'linear' else 'MoE'} | {', '.join(flags)} | "
                              f"{base.name}" + (f" ({', '.join(others)})" if others else "") + f" | "
                              f"{', '.join(bands) or '-'} |")
+                label = ""
     return "\n".join(lines)
