@@ -16,7 +16,7 @@ import pytest
 import sglang
 
 from conftest import set_server_args, write_config
-from sglang_mxfp8.sglang import compat
+from sglang_mxfp8 import compat
 from sglang_mxfp8.sglang.patches import moe_config as patch
 
 pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang

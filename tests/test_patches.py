@@ -708,7 +708,7 @@ def test_every_patch_finds_its_target_on_this_sglang():
                                             ("0.5.23.post1", True), ("0.5.100", True), ("0.5.3", True),
                                             ("0.6.0", True), ("0.10.0", True), ("unknown", True)])
 def test_a_release_outside_the_tested_range_gets_one_warning(version, warns):
-    from sglang_mxfp8.sglang import compat
+    from sglang_mxfp8 import compat
 
     line = compat.check_tested_range(version)
     assert (line is not None) == warns
@@ -720,7 +720,7 @@ def test_a_release_outside_the_tested_range_gets_one_warning(version, warns):
 def test_a_probe_takes_the_first_location_that_has_what_the_patch_needs(monkeypatch):
     """sglang_object walks a moved target's locations oldest first and skips one that lacks the method a patch wraps
     (ModelRunner exists on every release; its weight updates moved to WeightUpdater in 0.5.17)."""
-    from sglang_mxfp8.sglang import compat
+    from sglang_mxfp8 import compat
 
     monkeypatch.setitem(compat.MOVED, "probe_under_test", ("json:JSONDecoder", "json.gone:Nothing", "json:JSONEncoder"))
     import json
@@ -902,7 +902,7 @@ def test_every_weight_update_entry_point_of_this_sglang_is_post_processed():
         "print('UNCOVERED', sorted(names - {'update_weights_from_disk'} - set(OTHER_UPDATES)))\n"
         "try:\n"
         "    import sglang.srt.model_executor.model_runner\n"
-        "    from sglang_mxfp8.sglang.compat import sglang_object\n"
+        "    from sglang_mxfp8.compat import sglang_object\n"
         "    updates = sglang_object('weight_updates', has='update_weights_from_disk')\n"
         "    marks = {n: getattr(getattr(updates, n), '__sglang_mxfp8_patch__', None) for n in sorted(names)}\n"
         "except ImportError as e:\n"

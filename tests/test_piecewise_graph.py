@@ -18,7 +18,8 @@ import sys
 from sglang_mxfp8.cli.doctor import KNOWN_GPUS
 from sglang_mxfp8.format.numerics import quantize_mxfp8
 from sglang_mxfp8.platform import GpuSpec
-from sglang_mxfp8.sglang import compat, quant_methods
+from sglang_mxfp8 import compat
+from sglang_mxfp8.sglang import quant_methods
 import conftest
 
 flags = sys.modules[compat.sglang_object("piecewise_graph_flag").__module__]  # where this SGLang keeps it

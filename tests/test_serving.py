@@ -5,7 +5,7 @@ import argparse
 import shlex
 
 from sglang_mxfp8.bench.serving import BASE_FLAGS, for_this_sglang, launch_flags
-from sglang_mxfp8.sglang.compat import RENAMED_FLAGS
+from sglang_mxfp8.compat import RENAMED_FLAGS
 import pytest
 
 pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang

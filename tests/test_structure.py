@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sglang_mxfp8"
 # lowest first: a module may import its own layer and the layers before it, never one after
 LAYERS = (
     ("sglang_mxfp8", "sglang_mxfp8.flags", "sglang_mxfp8.settings"),
-    ("sglang_mxfp8.platform", "sglang_mxfp8.sglang.compat"),
+    ("sglang_mxfp8.platform", "sglang_mxfp8.compat"),
     ("sglang_mxfp8.format",),
     ("sglang_mxfp8.layouts",),
     ("sglang_mxfp8.ops",),
@@ -86,9 +86,8 @@ def test_no_import_circle_even_through_function_level_imports():
 
 def test_the_benchmarks_ask_compat_where_sglang_keeps_things_never_the_patches():
     bench = {m: deps for m, deps in GRAPH.items() if m.startswith("sglang_mxfp8.bench")}
-    assert any("sglang_mxfp8.sglang.compat" in deps for deps in bench.values())
-    assert [f"{m} -> {d}" for m, deps in bench.items() for d in deps
-            if d.startswith("sglang_mxfp8.sglang.") and d != "sglang_mxfp8.sglang.compat"] == []
+    assert any("sglang_mxfp8.compat" in deps for deps in bench.values())
+    assert [f"{m} -> {d}" for m, deps in bench.items() for d in deps if d.startswith("sglang_mxfp8.sglang.")] == []
 
 
 def test_where_things_are_is_readable_from_the_file_names():

@@ -207,7 +207,7 @@ def _moe_targets(shape: MoEShape, opts: LayerOptions, w13, w2) -> List[Target]:
 
 def _sglang_moe_setup():
     """What SGLang's fused MoE needs outside a server (its global server arguments), and that fused MoE."""
-    from ..sglang.compat import sglang_object
+    from ..compat import sglang_object
 
     try:
         from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler

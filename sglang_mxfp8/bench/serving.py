@@ -14,7 +14,7 @@ from pathlib import Path
 
 import requests
 
-from ..sglang.compat import RENAMED_FLAGS
+from ..compat import RENAMED_FLAGS
 
 BASE_FLAGS = (
     "--attention-backend triton --sampling-backend pytorch --grammar-backend none --mem-fraction-static 0.3 "

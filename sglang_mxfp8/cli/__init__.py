@@ -40,7 +40,7 @@ def unserved_architectures(ckpt: Path):
     """(the architectures of ``ckpt``'s config.json the installed SGLang has no class for, its version), or None."""
     import json
 
-    from ..sglang.compat import sglang_architectures, sglang_version
+    from ..compat import sglang_architectures, sglang_version
 
     known = sglang_architectures()
     try:

@@ -18,7 +18,7 @@ from ..kernels import registry
 from ..kernels.base import Mxfp8ConfigError, with_jit_modules
 from ..kernels.plan import Plan
 from ..kernels.jit_builds import LAUNCHER_ENV
-from .compat import served_args
+from ..compat import served_args
 from .patching import PatchTargetMissing, check_complete
 
 logger = logging.getLogger("sglang_mxfp8")

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Callable, Dict, List
 
 from .. import SUPPORTED_SGLANG
-from .compat import sglang_version
+from ..compat import sglang_version
 
 logger = logging.getLogger("sglang_mxfp8")
 

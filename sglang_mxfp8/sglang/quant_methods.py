@@ -30,7 +30,7 @@ from ..kernels.base import LinearSpec, MoESpec, log_once
 from ..kernels.moe.common import non_standard
 from ..platform import current_gpu
 from ..settings import current as current_settings
-from .compat import graph_max_batch, served_args, sglang_object
+from ..compat import graph_max_batch, served_args, sglang_object
 from .launch import layer_flags
 from .patching import check_complete, run_queued
 

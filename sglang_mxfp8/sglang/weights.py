@@ -13,7 +13,7 @@ from typing import Iterator, Optional, Tuple
 import torch
 
 from ..format.checkpoint import refused_checkpoint
-from .compat import model_runner_of
+from ..compat import model_runner_of
 
 FROM_TENSORS = "_sglang_mxfp8_served_from_tensors"  # set on the model runner: the weights served came as tensors
 

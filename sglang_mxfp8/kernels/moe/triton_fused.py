@@ -30,7 +30,7 @@ class TritonFusedMoE(BlockScaleExperts):
 
     def experts(self, layer, state, x, topk_weights, topk_ids):
         """The same fused MoE called directly (what the runner runs, without SGLang's dispatch objects)."""
-        from ...sglang.compat import sglang_object
+        from ...compat import sglang_object
 
         return sglang_object("fused_experts")(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids,
                                               use_fp8_w8a8=True, w1_scale=state.w13.block_scale,

@@ -32,7 +32,7 @@ def _store_expert_tile(acc, c_ptr, stride_cm, topk_w_ptr, ids, valid, offs_n, ma
 def _moe_glue(align, silu_and_mul):
     """SGLang's token alignment (moe_align_block_size) and sgl_kernel's SiLU-and-mul, where the caller passes none."""
     if align is None:
-        from ...sglang.compat import sglang_object
+        from ...compat import sglang_object
 
         align = sglang_object("moe_align_block_size")  # moved in SGLang 0.5.11
     if silu_and_mul is None:

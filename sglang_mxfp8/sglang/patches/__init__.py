@@ -11,7 +11,7 @@ Importing this package is cheap (every Python start in the environment reads it,
 patch's code is imported when it runs (:mod:`..compat`, imported here, imports nothing Python has not already).
 """
 
-from ..compat import MOVED
+from ...compat import MOVED
 
 
 class Patch:
@@ -105,7 +105,7 @@ def run(patch: Patch) -> None:
     """Apply ``patch``. Where this SGLang moved what it imports or replaces, SGLang stays as shipped with one warning,
     instead of its own import failing (BF16 models keep serving)."""
     from ... import error_line
-    from ..compat import warn_if_untested
+    from ...compat import warn_if_untested
     from ..patching import missing
 
     warn_if_untested()

@@ -22,7 +22,7 @@ import functools
 import logging
 
 from ...format.checkpoint import refused_update
-from ..compat import model_runner_of, sglang_object
+from ...compat import model_runner_of, sglang_object
 from ..patching import replace, target
 from ..weights import FROM_TENSORS, postprocess_mxfp8_modules, refit_rollback, scale_name_of, torch_state_kept
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from ..compat import served_args
+from ...compat import served_args
 from ..launch import LaunchConfig
 from ..patching import replace
 from . import MOE_CONFIG

@@ -17,7 +17,7 @@ PATCH = "server_args.moe_kernel_config"
 def keep_moe_kernel_config() -> None:
     from sglang.srt import server_args
 
-    from ..compat import sglang_module
+    from ...compat import sglang_module
 
     cls = target(server_args, "ServerArgs", PATCH)
     if cls is None:
