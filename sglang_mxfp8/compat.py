@@ -13,7 +13,7 @@ import importlib
 from types import ModuleType
 from typing import Optional
 
-from .. import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG
+from . import NEWEST_SGLANG, OLDEST_SGLANG, SUPPORTED_SGLANG
 
 
 @functools.lru_cache(maxsize=None)
