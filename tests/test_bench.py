@@ -323,7 +323,8 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     assert by[("decode latency, batch 1", 1)].mxfp8 > 0 and by[("first start", None)].bf16 > 0
     warm = by[("refit from disk, page cache warm", None)]
     assert 0.25 < warm.mxfp8 < 5 and warm.extra["mxfp8_server_split"] == {
-        "load_s": 0.3, "read_copy_s": 0.18, "processing_s": 0.12, "precompile_s": 0.0}
+        "load_s": 0.3, "read_s": 0.09, "copy_s": 0.09, "quantize_s": 0.0, "processing_s": 0.12, "check_s": 0.03,
+        "layout_s": 0.09, "precompile_s": 0.0}
     load = by[("requests failed during a refit", None)].extra
     assert load["failed"] == 0 and load["equal"] == load["equal_without_refit"] == load["requests"] == 32
     assert load["refit_s"] >= 0.3 and 0 < load["in_flight_at_refit"] <= 32

@@ -636,8 +636,9 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     times = [load_times(line) for line in p.stdout.splitlines() if line.startswith("TIME ")]
     assert len(times) >= 3  # A, B, A again (and the rollbacks)
     for t in times:
-        assert t["processing_s"] > 0 and t["precompile_s"] == 0  # CPU tensors: nothing to compile
-        assert abs(t["load_s"] - t["read_copy_s"] - t["processing_s"]) < 0.002
+        assert t["processing_s"] > 0 and t["precompile_s"] == 0 and t["quantize_s"] == 0  # CPU: nothing to compile
+        assert 0 < t["check_s"] + t["layout_s"] <= t["processing_s"] + 0.002  # (copies of a few KB show 0.000 s)
+        assert abs(t["load_s"] - t["read_s"] - t["copy_s"] - t["processing_s"]) < 0.004
     assert lines[2].startswith("nan_weight False B | Failed to update weights: layer: weight row 3 holds NaN")
     assert lines[2].endswith(f"Rolled back to {tmp_path / 'B'}.")
     # what the checkpoint's headers show is refused before anything is loaded
@@ -774,10 +775,13 @@ tree = ast.parse(path.read_text())
 runner_cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunner")
 body = [n for n in tree.body if getattr(n, "name", None) in ("_unwrap_tensor", "_model_load_weights_direct",
                                                             "LocalSerializedTensor")]
-body += [n for n in runner_cls.body if isinstance(n, ast.FunctionDef) and n.name == "update_weights_from_tensor"]
+body += [n for n in runner_cls.body if isinstance(n, ast.FunctionDef)
+         and n.name in ("update_weights_from_tensor", "_update_weights_from_flattened_bucket")]
+from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
 scope = dict(torch=torch, List=List, Optional=Optional, Tuple=Tuple, Union=Union, dataclass=dataclasses.dataclass,
              MultiprocessingSerializer=MultiprocessingSerializer, default_weight_loader=default_weight_loader,
-             monkey_patch_torch_reductions=monkey_patch_torch_reductions, dynamic_import=dynamic_import)
+             monkey_patch_torch_reductions=monkey_patch_torch_reductions, dynamic_import=dynamic_import,
+             FlattenedTensorBucket=FlattenedTensorBucket, FlattenedTensorMetadata=FlattenedTensorMetadata)
 exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scope)
 update = patches._checked_and_marking(scope["update_weights_from_tensor"])
 
@@ -786,6 +790,7 @@ SERVED_LINEAR
 
 runner = types.SimpleNamespace(device="cpu", tp_rank=0, model=Model(),
                                server_args=types.SimpleNamespace(custom_weight_loader=[]))
+runner._update_weights_from_flattened_bucket = types.MethodType(scope["_update_weights_from_flattened_bucket"], runner)
 ckpt = {}
 for name in ("A", "B"):
     w = torch.randn(256, 512) * torch.logspace(-2, 2, 512)
@@ -797,9 +802,14 @@ def state():
     converted = layer.mxfp8_state.converter.block_scale
     return layer.weight.view(torch.uint8).clone(), converted.clone(), runner.model.norm.clone()
 
-def send(tensors):
+def send(tensors, bucket=False):
     runner._sglang_mxfp8_pending = False
-    ok, message = update(runner, list(tensors.items()))
+    if bucket:  # as a trainer sends a bucket: one flat tensor and each tensor's place in it
+        b = FlattenedTensorBucket(named_tensors=list(tensors.items()))
+        payload = {"flattened_tensor": b.get_flattened_tensor(), "metadata": b.get_metadata()}
+        ok, message = update(runner, payload, "flattened_bucket")
+    else:
+        ok, message = update(runner, list(tensors.items()))
     if runner._sglang_mxfp8_pending:
         postprocess_mxfp8_modules(runner.model)
     return ok, message
@@ -812,9 +822,10 @@ for what in SPOILS:
     if what == "missing_folder":
         continue
     tensors = {"norm": ckpt["A"]["norm"], **spoiled(what, "layer.weight", ckpt["A"], "weight_scale_inv")}
-    ok, message = send(tensors)
-    print(what, ok, all(torch.equal(x, y) for x, y in zip(state(), b)), message)
-print("A", *send(ckpt["A"])); print("back to A", all(torch.equal(x, y) for x, y in zip(state(), a)))
+    for bucket in (False, True):
+        ok, message = send(tensors, bucket)
+        print(what + "/bucket" * bucket, ok, all(torch.equal(x, y) for x, y in zip(state(), b)), message)
+print("A", *send(ckpt["A"], bucket=True)); print("back to A", all(torch.equal(x, y) for x, y in zip(state(), a)))
 print("dtype", torch.get_default_dtype())
 """.replace("SERVED_LINEAR\n", SERVED_LINEAR)
 
@@ -831,22 +842,25 @@ def _runner_updates_from_tensor() -> bool:
                            "runtime context; the GPU test (tests/gpu/test_refused_refits.py) covers it there")
 def test_a_spoiled_tensor_update_is_refused_before_anything_is_written():
     """Real SGLang update_weights_from_tensor (0.5.10.post1's source) wrapped by the patch, our real linear method
-    (CPU): each spoiled update answers success: false naming the tensor, writes nothing (the BF16 tensor sent beside
-    it neither), and the accepted updates before and after it are served."""
+    (CPU), named tensors and a trainer's flattened bucket: each spoiled update answers success: false naming the
+    tensor, writes nothing (the BF16 tensor sent beside it neither), and the accepted updates around it are served."""
     p = subprocess.run([sys.executable, "-c", TENSOR_RUNNER], capture_output=True, text=True, timeout=240, cwd="/")
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.splitlines()
     assert lines[0] == "A True Success" and lines[1] == "B True Success"
-    refused = dict((line.split(" ", 1)[0], line.split(" ", 3)[1:]) for line in lines[2:8])
-    assert set(refused) == {"missing_scale", "short_scale", "e5m2_weight", "nan_e4m3", "nan_bf16", "inf_fp32"}
+    refused = dict((line.split(" ", 1)[0], line.split(" ", 3)[1:]) for line in lines[2:14])
+    kinds = {"missing_scale", "short_scale", "e5m2_weight", "nan_e4m3", "nan_bf16", "inf_fp32"}
+    assert set(refused) == kinds | {f"{k}/bucket" for k in kinds}
     for what, (ok, kept, message) in refused.items():
         assert ok == "False" and kept == "True", (what, message)
         assert message.startswith("Failed to update weights: layer.weight") and message.endswith(
             "Nothing of this update was loaded; the previous weights keep serving."), message
-    assert "without its scale" in refused["missing_scale"][2] and "[256, 15]" in refused["short_scale"][2]
-    assert "float8_e5m2" in refused["e5m2_weight"][2] and "NaN e4m3" in refused["nan_e4m3"][2]
-    assert "NaN or Inf" in refused["nan_bf16"][2] and "NaN or Inf" in refused["inf_fp32"][2]
-    assert lines[8:] == ["A True Success", "back to A True", "dtype torch.float32"]
+    for way in ("", "/bucket"):
+        assert "without its scale" in refused["missing_scale" + way][2]
+        assert "[256, 15]" in refused["short_scale" + way][2]
+        assert "float8_e5m2" in refused["e5m2_weight" + way][2] and "NaN e4m3" in refused["nan_e4m3" + way][2]
+        assert "NaN or Inf" in refused["nan_bf16" + way][2] and "NaN or Inf" in refused["inf_fp32" + way][2]
+    assert lines[14:] == ["A True Success", "back to A True", "dtype torch.float32"]
 
 
 def test_torch_state_kept_puts_back_what_torch_compile_guards_on(caplog):

@@ -523,3 +523,24 @@ def test_a_tensor_update_is_checked_whole_before_anything_is_written():
     tiny = torch.tensor([-0.0, 0.0, 1e-40, -1e-45] * 64).view(1, 256)
     assert refused_update([("model.norm.weight", tiny)]) is None
     assert refused_update([(w, q), (f"{w}_scale_inv", s)], scale_name="weight_scale") is not None  # ModelOpt naming
+
+
+def test_shuffled_refusals_send_every_spoil_from_every_source_with_accepted_refits_between():
+    """The GPU test's sequence: each spoil from disk, as named tensors and as a trainer's flattened bucket, ``repeats``
+    times in a seeded order; a folder that does not exist from disk only; an accepted refit after every third refusal
+    and last (on A, from disk)."""
+    from collections import Counter
+
+    from sglang_mxfp8.bench.refusals import SPOILS, Step, shuffled_steps
+
+    steps = shuffled_steps(seed=5, repeats=2)
+    refused = Counter(str(s) for s in steps if s.refused)
+    expected = {f"{src}:{what}" for src in ("disk", "tensor", "bucket") for what in SPOILS
+                if src == "disk" or what != "missing_folder"}
+    assert set(refused) == expected and set(refused.values()) == {2}
+    assert steps[-1] == Step("disk", "A") and shuffled_steps(seed=5, repeats=2) == steps != shuffled_steps(6, 2)
+    runs, run = [], 0
+    for s in steps:
+        run = run + 1 if s.refused else 0
+        runs.append(run)
+    assert max(runs) == 3 and {s.source for s in steps if not s.refused} == {"disk", "tensor", "bucket"}

@@ -39,7 +39,7 @@ ACCEPTED = ("A", "B")  # the served checkpoint, and a second one of its shapes
 
 @dataclass(frozen=True)
 class Step:
-    source: str  # "disk" or "tensor"
+    source: str  # "disk", "tensor" (named tensors) or "bucket" (a trainer's flattened bucket)
     what: str  # a SPOILS key, or an ACCEPTED checkpoint
 
     @property
@@ -50,11 +50,12 @@ class Step:
         return f"{self.source}:{self.what}"
 
 
-def shuffled_steps(seed: int, repeats: int = 2, sources=("disk", "tensor"), accepted_every: int = 3) -> List[Step]:
+def shuffled_steps(seed: int, repeats: int = 2, sources=("disk", "tensor", "bucket"),
+                   accepted_every: int = 3) -> List[Step]:
     """Every spoil from every source ``repeats`` times in a random order, an accepted refit (alternating B and A, from
     alternating sources) after every ``accepted_every`` refusals and at the end on A."""
     rng = random.Random(seed)
-    refused = [Step(s, what) for s in sources for what in SPOILS if not (s == "tensor" and what == "missing_folder")]
+    refused = [Step(s, what) for s in sources for what in SPOILS if not (s != "disk" and what == "missing_folder")]
     refused = refused * repeats
     rng.shuffle(refused)
     steps: List[Step] = []
@@ -153,18 +154,26 @@ def update_weights_from_disk(port: int, ckpt: Path) -> Tuple[bool, str]:
     return ok, f"{r.status_code}: {body.get('message', r.text[:200])}"
 
 
-def update_weights_from_tensor(port: int, named: List[Tuple[str, "torch.Tensor"]]) -> Tuple[bool, str]:
+def update_weights_from_tensor(port: int, named: List[Tuple[str, "torch.Tensor"]],
+                               bucket: bool = False) -> Tuple[bool, str]:
     """SGLang's tensor refit endpoint, as a trainer on the same GPU calls it: the named CUDA tensors serialized
-    (handles, not data) for rank 0."""
+    (handles, not data) for rank 0; ``bucket``: flattened into one tensor first (SGLang's ``flattened_bucket``)."""
     import torch
     from sglang.srt.utils import MultiprocessingSerializer
     from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
     monkey_patch_torch_reductions()
     on_gpu = [(n, t.to("cuda")) for n, t in named]
-    payload = MultiprocessingSerializer.serialize(on_gpu, output_str=True)
+    sent, load_format = on_gpu, None
+    if bucket:
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+        flat = FlattenedTensorBucket(named_tensors=on_gpu)
+        sent = {"flattened_tensor": flat.get_flattened_tensor(), "metadata": flat.get_metadata()}
+        load_format = "flattened_bucket"
+    payload = MultiprocessingSerializer.serialize(sent, output_str=True)
     r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_tensor", timeout=900,
-                      json={"serialized_named_tensors": [payload], "load_format": None, "flush_cache": True})
+                      json={"serialized_named_tensors": [payload], "load_format": load_format, "flush_cache": True})
     torch.cuda.synchronize()
     body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
     return r.status_code == 200 and bool(body.get("success")), f"{r.status_code}: {body.get('message', r.text[:200])}"
@@ -247,12 +256,13 @@ class RefitSequence:
         if not step.refused:
             if step.source == "disk":
                 return update_weights_from_disk(self.port, self.ckpts[step.what])
-            return update_weights_from_tensor(self.port, list(read_checkpoint(self.ckpts[step.what]).items()))
+            return update_weights_from_tensor(self.port, list(read_checkpoint(self.ckpts[step.what]).items()),
+                                              bucket=step.source == "bucket")
         sent = spoiled(step.what, weight, originals, scale_name)
         if step.source == "disk":
             return update_weights_from_disk(self.port, write_folder(self.ckpts["A"], sent,
                                                                     self.work / f"spoiled-{i}-{step.what}"))
-        return update_weights_from_tensor(self.port, list(sent.items()))
+        return update_weights_from_tensor(self.port, list(sent.items()), bucket=step.source == "bucket")
 
 
 def summary(result: dict) -> str:

@@ -93,7 +93,26 @@ def value_text(rows: List[dict]) -> str:
     r = rows[0]
     if r["bf16"] is None:
         return f"{_num(r['mxfp8'])} {r['unit']}"
-    return f"{r['ratio']:.2f}x ({_num(r['mxfp8'])} vs {_num(r['bf16'])} {r['unit']})"
+    split = load_split_text((r.get("extra") or {}).get("mxfp8_server_split"))
+    return f"{r['ratio']:.2f}x ({_num(r['mxfp8'])} vs {_num(r['bf16'])} {r['unit']}{split})"
+
+
+# a load's parts as the MXFP8 server logs them (bench.served.LOAD_SPLIT), in the order they happen
+_SPLIT_PARTS = (("read_s", "reading"), ("read_copy_s", "reading and copying"), ("copy_s", "copying"),
+                ("quantize_s", "quantizing"), ("check_s", "checks"), ("layout_s", "layouts"),
+                ("precompile_s", "precompiling"))
+
+
+def load_split_text(split: Optional[dict]) -> str:
+    """'; MXFP8 server: reading 1.2 s, copying 0.8 s, ...' from a refit row's split (parts of 0 s left out; rows
+    before the finer split have reading and copying as one part, and post-load processing whole)."""
+    if not split:
+        return ""
+    parts = [(label, split[key]) for key, label in _SPLIT_PARTS if split.get(key)]
+    if "check_s" not in split and split.get("processing_s"):
+        parts.insert(-1 if parts and parts[-1][0] == "precompiling" else len(parts),
+                     ("post-load processing", split["processing_s"]))
+    return "; MXFP8 server: " + ", ".join(f"{label} {value:.2f} s" for label, value in parts)
 
 
 def figure_label(key: tuple) -> str:

@@ -307,9 +307,10 @@ def alternating_refits(port: int, ckpt: Path, other: Path, refits: int) -> dict:
     return outputs
 
 
-_LOAD_TIME = re.compile(r"sglang_mxfp8: load took ([\d.]+) s: reading and copying the weights ([\d.]+) s, MXFP8 "
-                        r"post-load processing \(scale conversion, kernel layouts\) ([\d.]+) s, kernel precompilation "
-                        r"([\d.]+) s")
+_LOAD_TIME = re.compile(r"sglang_mxfp8: load took ([\d.]+) s: reading ([\d.]+) s, copying into the MXFP8 weights "
+                        r"([\d.]+) s, quantizing float tensors ([\d.]+) s, MXFP8 post-load processing ([\d.]+) s "
+                        r"\(checks ([\d.]+) s, kernel layouts ([\d.]+) s\), kernel precompilation ([\d.]+) s")
+LOAD_SPLIT = ("load_s", "read_s", "copy_s", "quantize_s", "processing_s", "check_s", "layout_s", "precompile_s")
 
 
 def load_times(line: str) -> Optional[dict]:
@@ -317,7 +318,7 @@ def load_times(line: str) -> Optional[dict]:
     m = _LOAD_TIME.search(line)
     if m is None:
         return None
-    return dict(zip(("load_s", "read_copy_s", "processing_s", "precompile_s"), map(float, m.groups())))
+    return dict(zip(LOAD_SPLIT, map(float, m.groups())))
 
 
 def last_load_times(log: Path) -> Optional[dict]:

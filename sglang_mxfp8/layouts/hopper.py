@@ -20,6 +20,7 @@ without its weight, cannot be made right from what is in memory and raises
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,8 @@ _CONVERT_CHUNK_ELEMENTS = 1 << 24  # a whole-weight conversion's step: ~0.4 GB o
 class ConversionStats:
     converted_rows: int
     changed_elements: int
+    check_s: float = 0.0  # validation and reload fingerprints, GPU work finished
+    layout_s: float = 0.0  # the conversion into the kernel layout, GPU work finished
 
 
 class BlockScaleConverter:
@@ -57,6 +60,7 @@ class BlockScaleConverter:
 
     def refresh(self, weight: torch.Tensor, scale: torch.Tensor) -> ConversionStats:
         """Bring ``weight`` (in place) and ``self.block_scale`` up to date with what was loaded."""
+        start = time.perf_counter()
         w = weight.view(self.groups * self.rows, self.k)
         s = scale.view(self.groups * self.rows, self.k // MX_BLOCK)
         validate_loaded(w, s, self.name)
@@ -77,8 +81,9 @@ class BlockScaleConverter:
         else:
             stale = torch.zeros_like(cur, dtype=torch.bool)
             fresh = ~stale
-        if not bool(fresh.any()):
-            return ConversionStats(0, 0)
+        if not bool(fresh.any()):  # (a host sync: the checks' GPU work is done)
+            return ConversionStats(0, 0, time.perf_counter() - start)
+        checked = time.perf_counter()
 
         br = self.block_rows
         nb = self._exps.shape[1]
@@ -109,7 +114,8 @@ class BlockScaleConverter:
         row_fingerprints(w, cur)
         self._sig_converted[converted] = cur[converted]
         self._ever = True
-        return ConversionStats(int(converted.sum()), changed)
+        rows = int(converted.sum())  # (a host sync)
+        return ConversionStats(rows, changed, checked - start, time.perf_counter() - checked)
 
     def _convert_whole(self, w: torch.Tensor, s: torch.Tensor) -> int:
         """Every block reloaded (a whole refit), row blocks aligned with the groups: ``w [G * R, K]`` converted as one

@@ -5,6 +5,7 @@ post-load processing whether a weight arrived without its scale."""
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Dict
 
 import torch
@@ -13,6 +14,18 @@ from ..format.checkpoint import scale_shape
 from ..format.numerics import MX_BLOCK, ScaleRounding, quantize_mxfp8
 
 FLOAT_WEIGHTS = (torch.bfloat16, torch.float16, torch.float32)  # a trainer's weights, quantized on arrival
+
+
+class LoadClock:
+    """Seconds one load spent in the MXFP8 parameters' loaders, summed over layers (the load's time line reads them):
+    copying tensors into the parameters, and quantizing a trainer's float tensors first."""
+
+    copy_s = 0.0
+    quantize_s = 0.0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.copy_s = cls.quantize_s = 0.0
 
 
 class LoadTracker:
@@ -73,7 +86,11 @@ class LoadTracker:
                         f"{tensor}{_ids([key])}: weight {list(w)} needs a scale of shape {scale_shape(w)} (one per "
                         f"{MX_BLOCK} along K), the checkpoint has {list(sc)}"
                     )
-            return original(p, loaded_weight, *args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(p, loaded_weight, *args, **kwargs)
+            finally:
+                LoadClock.copy_s += time.perf_counter() - start
 
         setattr(param, attr, weight_loader)
 
@@ -84,7 +101,11 @@ class LoadTracker:
             raise ValueError(f"{self._weight_name(label)}: a {loaded_weight.dtype} tensor of shape "
                              f"{list(loaded_weight.shape)} cannot be MXFP8 (K not a multiple of {MX_BLOCK}); keep this "
                              "layer BF16 (modules_to_not_convert)")
+        start = time.perf_counter()
         q, scale = quantize_mxfp8(loaded_weight.to(param.device), self.rounding)
+        if q.is_cuda:
+            torch.cuda.synchronize(q.device)
+        LoadClock.quantize_s += time.perf_counter() - start
         scale_param = self.pairs[label][1]
         # the tensor's name, where the loader takes one (a MoE's "...experts.w13_weight"): its scale's
         scale_args = tuple(a[: -len("weight")] + self.scale_name if isinstance(a, str) and a.endswith("weight") else a

@@ -24,7 +24,7 @@ from sglang.srt.layers.quantization.utils import is_layer_skipped
 
 from .. import __version__
 from ..format import checkpoint
-from .loads import LoadTracker
+from .loads import LoadClock, LoadTracker
 from ..kernels import registry
 from ..kernels.base import LinearSpec, MoESpec, log_once
 from ..kernels.moe.common import non_standard
@@ -48,18 +48,21 @@ class ConversionReport:
     """What one model load's post-processing converted and how long it took; the plugin logs it after each load."""
 
     changed = total = layers = 0
-    processing_s = precompile_s = 0.0
+    processing_s = check_s = layout_s = precompile_s = 0.0
 
     @classmethod
     def reset(cls) -> None:
         cls.changed = cls.total = cls.layers = 0
-        cls.processing_s = cls.precompile_s = 0.0
+        cls.processing_s = cls.check_s = cls.layout_s = cls.precompile_s = 0.0
+        LoadClock.reset()
 
     @classmethod
     def add(cls, stats, numel: int) -> None:
         if stats is None:  # a layout without a conversion (Blackwell scales)
             return
         cls.changed += stats.changed_elements
+        cls.check_s += stats.check_s
+        cls.layout_s += stats.layout_s
         cls.total += numel
         cls.layers += stats.converted_rows > 0
 
@@ -83,10 +86,13 @@ class ConversionReport:
 
     @classmethod
     def time_line(cls, load_s: float) -> str:
-        """Where a load's time went (``sglang-mxfp8 bench refit`` reads this line back)."""
-        rest = max(0.0, load_s - cls.processing_s - cls.precompile_s)
-        return (f"sglang_mxfp8: load took {load_s:.3f} s: reading and copying the weights {rest:.3f} s, MXFP8 "
-                f"post-load processing (scale conversion, kernel layouts) {cls.processing_s:.3f} s, kernel "
+        """Where a load's time went (``sglang-mxfp8 bench refit`` reads this line back): reading is the rest (the
+        checkpoint's files, SGLang's loader, the tensors of other layers)."""
+        copy_s, quantize_s = LoadClock.copy_s, LoadClock.quantize_s
+        read_s = max(0.0, load_s - copy_s - quantize_s - cls.processing_s - cls.precompile_s)
+        return (f"sglang_mxfp8: load took {load_s:.3f} s: reading {read_s:.3f} s, copying into the MXFP8 weights "
+                f"{copy_s:.3f} s, quantizing float tensors {quantize_s:.3f} s, MXFP8 post-load processing "
+                f"{cls.processing_s:.3f} s (checks {cls.check_s:.3f} s, kernel layouts {cls.layout_s:.3f} s), kernel "
                 f"precompilation {cls.precompile_s:.3f} s")
 
 

@@ -63,10 +63,16 @@ def _unwrapped(named_tensors, runner) -> list:
             for name, t in named_tensors]
 
 
+def _bucket_tensors(bucket: dict) -> list:
+    """The named tensors of a ``flattened_bucket`` update, as SGLang rebuilds them: views of its one flat tensor."""
+    flat = bucket["flattened_tensor"]
+    return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in bucket["metadata"]]
+
+
 def _checked_and_marking(original):
-    """``update_weights_from_tensor``: an update to an MXFP8 model checked whole (:func:`refused_update`) before any of
-    it is written; refused, nothing is loaded and the previous weights keep serving. A load that still raises answers
-    ``success: false`` instead of taking the scheduler down."""
+    """``update_weights_from_tensor``: an update to an MXFP8 model (named tensors, or a trainer's flattened bucket)
+    checked whole (:func:`refused_update`) before any of it is written; refused, nothing is loaded and the previous
+    weights keep serving. A load that still raises answers ``success: false`` instead of taking the scheduler down."""
 
     @functools.wraps(original)
     def update_weights_from_tensor(self, named_tensors, load_format=None, *args, **kwargs):
@@ -75,9 +81,12 @@ def _checked_and_marking(original):
         if scale_name is None:  # no MXFP8 layer: SGLang's update as shipped
             return original(self, named_tensors, load_format, *args, **kwargs)
         with torch_state_kept("update_weights_from_tensor"):
-            if load_format in (None, "direct") and named_tensors:
-                named_tensors = _unwrapped(named_tensors, runner)
-                problem = refused_update(named_tensors, scale_name)
+            if load_format in (None, "direct", "flattened_bucket") and named_tensors:
+                if load_format == "flattened_bucket":  # a trainer's bucket: one flat tensor and where each lies in it
+                    named = _bucket_tensors(named_tensors)
+                else:
+                    named = named_tensors = _unwrapped(named_tensors, runner)
+                problem = refused_update(named, scale_name)
                 if problem is not None:
                     logger.error("sglang_mxfp8: update_weights_from_tensor refused: %s", problem)
                     return False, (f"Failed to update weights: {problem}. Nothing of this update was loaded; the "
