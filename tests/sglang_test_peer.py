@@ -156,7 +156,8 @@ class Handler(BaseHTTPRequestHandler):
                     log.write(f"[x] sglang_mxfp8: load took {REFIT_S:.3f} s: reading {REFIT_S * 0.3:.3f} s, copying "
                               f"into the MXFP8 weights {REFIT_S * 0.3:.3f} s, quantizing float tensors 0.000 s, MXFP8 "
                               f"post-load processing {REFIT_S * 0.4:.3f} s (checks {REFIT_S * 0.1:.3f} s, kernel "
-                              f"layouts {REFIT_S * 0.3:.3f} s), kernel precompilation 0.000 s\n")
+                              f"layouts {REFIT_S * 0.3:.3f} s), kernel precompilation 0.000 s; peak GPU memory "
+                              "0.250 GiB above its start\n")
             return self._send({"success": True, "message": f"loaded {req['model_path']}"})
         if self.path != "/generate":
             return self._send({"error": "not found"}, 404)

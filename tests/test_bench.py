@@ -306,7 +306,7 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     save_file(tensors, str(mx / "model.safetensors"))
     pair = ServedPair(bf16, mx, "peer model", tokenizer=False)
     opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8,
-                               port=_free_port(), refits=2, alternating_refits=3)
+                               port=_free_port(), refits=2, alternating_refits=3, tensor_refits=False)
     monkeypatch.setattr(served.Runner, "_server", lambda self, name, ckpt, flags, env: PeerServer(
         name, ckpt, flags, self.opts.port, self.work / "logs"))
     steps = []
@@ -324,7 +324,7 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     warm = by[("refit from disk, page cache warm", None)]
     assert 0.25 < warm.mxfp8 < 5 and warm.extra["mxfp8_server_split"] == {
         "load_s": 0.3, "read_s": 0.09, "copy_s": 0.09, "quantize_s": 0.0, "processing_s": 0.12, "check_s": 0.03,
-        "layout_s": 0.09, "precompile_s": 0.0}
+        "layout_s": 0.09, "precompile_s": 0.0, "peak_gib": 0.25}
     load = by[("requests failed during a refit", None)].extra
     assert load["failed"] == 0 and load["equal"] == load["equal_without_refit"] == load["requests"] == 32
     assert load["refit_s"] >= 0.3 and 0 < load["in_flight_at_refit"] <= 32
@@ -367,3 +367,24 @@ def test_gsm8k_routine_reads_the_benchmarks_accuracy_line(tmp_path):
     finally:
         peer.terminate()
         peer.wait()
+
+
+def test_a_trainers_buckets_hold_the_checkpoints_tensors_in_order_each_within_its_size(tmp_path):
+    """The tensor refit sends a checkpoint as a trainer does: every tensor once, in file and key order, grouped in
+    buckets no larger than the bound unless one tensor alone is."""
+    import torch
+    from safetensors.torch import save_file
+
+    from sglang_mxfp8.bench.trainer import buckets
+
+    g = torch.Generator().manual_seed(3)
+    sizes = [int(n) for n in torch.randint(1, 400, (40,), generator=g)] + [3000]
+    for i, part in enumerate((sizes[:25], sizes[25:])):
+        save_file({f"t{i}.{j:02d}": torch.randn(n, generator=g) for j, n in enumerate(part)},
+                  str(tmp_path / f"model-{i}.safetensors"))
+    got = list(buckets(tmp_path, bucket_bytes=4096))
+    names = [n for group in got for n, _ in group]
+    assert names == [f"t0.{j:02d}" for j in range(25)] + [f"t1.{j:02d}" for j in range(16)]
+    sizes_of = [sum(t.numel() * 4 for _, t in group) for group in got]
+    assert all(s <= 4096 for s, group in zip(sizes_of, got) if len(group) > 1) and sizes_of[-1] == 12000
+    assert all(a + b[0][1].numel() * 4 > 4096 for a, b in zip(sizes_of, got[1:]))  # each bucket as full as it fits

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import requests
 
+from .trainer import update_weights_from_tensor
+
 if TYPE_CHECKING:
     import torch
 
@@ -152,31 +154,6 @@ def update_weights_from_disk(port: int, ckpt: Path) -> Tuple[bool, str]:
     body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
     ok = r.status_code == 200 and bool(body.get("success", False))
     return ok, f"{r.status_code}: {body.get('message', r.text[:200])}"
-
-
-def update_weights_from_tensor(port: int, named: List[Tuple[str, "torch.Tensor"]],
-                               bucket: bool = False) -> Tuple[bool, str]:
-    """SGLang's tensor refit endpoint, as a trainer on the same GPU calls it: the named CUDA tensors serialized
-    (handles, not data) for rank 0; ``bucket``: flattened into one tensor first (SGLang's ``flattened_bucket``)."""
-    import torch
-    from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
-
-    monkey_patch_torch_reductions()
-    on_gpu = [(n, t.to("cuda")) for n, t in named]
-    sent, load_format = on_gpu, None
-    if bucket:
-        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-
-        flat = FlattenedTensorBucket(named_tensors=on_gpu)
-        sent = {"flattened_tensor": flat.get_flattened_tensor(), "metadata": flat.get_metadata()}
-        load_format = "flattened_bucket"
-    payload = MultiprocessingSerializer.serialize(sent, output_str=True)
-    r = requests.post(f"http://127.0.0.1:{port}/update_weights_from_tensor", timeout=900,
-                      json={"serialized_named_tensors": [payload], "load_format": load_format, "flush_cache": True})
-    torch.cuda.synchronize()
-    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-    return r.status_code == 200 and bool(body.get("success")), f"{r.status_code}: {body.get('message', r.text[:200])}"
 
 
 def _count(log: Path, needle: str) -> int:

@@ -110,6 +110,8 @@ def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions
     alternating = 0.0
     if "refit" in routines:
         per += serve.refits * (2 + 0.6 * layers) + 20
+        if serve.tensor_refits:  # BF16: one update from tensors; MXFP8: two, and a refit from disk back (a guess)
+            per += (1 + 2 * (sessions > 1)) * (3 + 0.5 * layers)
         if serve.alternating_refits:  # the second checkpoint written once; per MXFP8 server, its refits and a start
             per_mx = serve.alternating_refits * (3 + 0.6 * layers) + 60 + 5.5 * layers
             alternating = 4 * layers + (sessions - 1) * per_mx

@@ -35,6 +35,7 @@ from ..flags import RECOMMENDED_FLAGS
 from .models import ServedPair, negated
 from .refusals import SERVER_ENV, RefitSequence, quick_steps, summary, update_weights_from_disk
 from .rows import Environment, Row, measurement
+from .trainer import tensor_refit
 
 # the compile caches a server fills, each pointed at a folder of the run's own
 CACHE_VARS = {"FLASHINFER_WORKSPACE_BASE": "flashinfer", "TRTLLM_DG_CACHE_DIR": "trtllm_deep_gemm",
@@ -54,6 +55,7 @@ class ServeOptions:
     restart: bool = False  # start each server again on the caches its first start left
     cold_refit: bool = False  # also refit with the checkpoint's files out of the page cache
     refits: int = 2
+    tensor_refits: bool = True  # also refit from a trainer's tensors (MXFP8 server: its MXFP8 tensors, then BF16)
     gsm8k_questions: int = 0  # 0: no gsm8k
     alternating_refits: int = 0  # MXFP8: refits alternating with a second checkpoint, each against a fresh server
     port: int = 30700
@@ -85,6 +87,8 @@ class Session:
     plan_lines: List[str] = field(default_factory=list)
     log: Optional[Path] = None  # the server's log
     refit_split: Optional[dict] = None  # where the last warm refit's time went, from the log (MXFP8 only)
+    tensor_refit: Optional[dict] = None  # a whole update from a trainer's tensors of the served checkpoint's format
+    bf16_tensor_refit: Optional[dict] = None  # MXFP8: from a trainer's BF16 tensors, quantized on the GPU
 
 
 def cache_env(root: Path, fresh: bool) -> Dict[str, str]:
@@ -307,23 +311,26 @@ def alternating_refits(port: int, ckpt: Path, other: Path, refits: int) -> dict:
     return outputs
 
 
-_LOAD_TIME = re.compile(r"sglang_mxfp8: load took ([\d.]+) s: reading ([\d.]+) s, copying into the MXFP8 weights "
-                        r"([\d.]+) s, quantizing float tensors ([\d.]+) s, MXFP8 post-load processing ([\d.]+) s "
-                        r"\(checks ([\d.]+) s, kernel layouts ([\d.]+) s\), kernel precompilation ([\d.]+) s")
-LOAD_SPLIT = ("load_s", "read_s", "copy_s", "quantize_s", "processing_s", "check_s", "layout_s", "precompile_s")
+_LOAD_TIME = re.compile(r"sglang_mxfp8: (load|tensor update) took ([\d.]+) s: reading ([\d.]+) s, copying into the "
+                        r"MXFP8 weights ([\d.]+) s, quantizing float tensors ([\d.]+) s, MXFP8 post-load processing "
+                        r"([\d.]+) s \(checks ([\d.]+) s, kernel layouts ([\d.]+) s\), kernel precompilation "
+                        r"([\d.]+) s; peak GPU memory ([\d.]+) GiB above its start")
+LOAD_SPLIT = ("load_s", "read_s", "copy_s", "quantize_s", "processing_s", "check_s", "layout_s", "precompile_s",
+              "peak_gib")
 
 
-def load_times(line: str) -> Optional[dict]:
-    """Where one load's time went, from the line the plugin logs after it (None for another line)."""
+def load_times(line: str, what: str = "load") -> Optional[dict]:
+    """Where one load's time went, from the line the plugin logs after it (None for another line); ``what``: "load"
+    (from disk) or "tensor update"."""
     m = _LOAD_TIME.search(line)
-    if m is None:
+    if m is None or m.group(1) != what:
         return None
-    return dict(zip(LOAD_SPLIT, map(float, m.groups())))
+    return dict(zip(LOAD_SPLIT, map(float, m.groups()[1:])))
 
 
-def last_load_times(log: Path) -> Optional[dict]:
+def last_load_times(log: Path, what: str = "load") -> Optional[dict]:
     """The newest load's time split from a server log; None where the server logs none (a BF16 model)."""
-    found = [t for t in map(load_times, log.read_text(errors="replace").splitlines()) if t]
+    found = [t for t in (load_times(line, what) for line in log.read_text(errors="replace").splitlines()) if t]
     return found[-1] if found else None
 
 
@@ -432,12 +439,24 @@ class Runner:
             s.under_load = refit_under_load(self.opts.port, ckpt)
             s.refused = RefitSequence(self.opts.port, {"A": ckpt}, s.log, self.work / "refusals",
                                       prompt_outputs).run(quick_steps())
+        if self.opts.tensor_refits:
+            self.step(f"refit {name}: from a trainer's tensors")
+            s.tensor_refit = self._tensor_refit(s, ckpt)
+            if mx:
+                s.bf16_tensor_refit = self._tensor_refit(s, self.pair.bf16)
+                refit_seconds(self.opts.port, ckpt)  # served from disk again, as the steps after expect
         if mx and self.opts.alternating_refits:
             other = negated(ckpt, self.work.parent / "models" /
                             f"{ckpt.name}-negated-{hashlib.sha1(str(ckpt.resolve()).encode()).hexdigest()[:10]}")
             self.step(f"refit {name}: {self.opts.alternating_refits} refits alternating with {other.name}")
             s.alternating = {"second": other, **alternating_refits(self.opts.port, ckpt, other,
                                                                   self.opts.alternating_refits)}
+
+    def _tensor_refit(self, s: Session, ckpt: Path) -> dict:
+        """One whole update from ``ckpt``'s tensors as a trainer sends them, and the server's split of it."""
+        result = tensor_refit(self.opts.port, ckpt)
+        time.sleep(1)  # the server's log line of the update's post-processing
+        return {**result, "server_split": last_load_times(s.log, "tensor update") if s.log is not None else None}
 
     def run(self, record: Callable[[List[Row]], None]) -> List[Session]:
         self.bf16 = None
@@ -484,6 +503,12 @@ class Runner:
             row("refit", "refit from disk, page cache warm", "s", "lower", statistics.median(mx.refit_s),
                 statistics.median(b.refit_s), extra={"refits": len(mx.refit_s), "mxfp8_server_split": mx.refit_split})
         row("refit", "refit from disk, page cache dropped", "s", "lower", mx.cold_refit_s, b.cold_refit_s)
+        if b.tensor_refit is not None:
+            for metric, refit in (("refit from a trainer's tensors, MXFP8", mx.tensor_refit),
+                                  ("refit from a trainer's tensors, BF16 quantized on the GPU", mx.bf16_tensor_refit)):
+                if refit is not None:
+                    row("refit", metric, "s", "lower", refit["seconds"], b.tensor_refit["seconds"],
+                        extra={"mxfp8": refit, "bf16": b.tensor_refit, "mxfp8_server_split": refit["server_split"]})
         if mx.under_load is not None:
             row("refit", "requests failed during a refit", "requests", "lower", mx.under_load["failed"], None,
                 extra=mx.under_load)

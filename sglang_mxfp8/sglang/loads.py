@@ -18,14 +18,26 @@ FLOAT_WEIGHTS = (torch.bfloat16, torch.float16, torch.float32)  # a trainer's we
 
 class LoadClock:
     """Seconds one load spent in the MXFP8 parameters' loaders, summed over layers (the load's time line reads them):
-    copying tensors into the parameters, and quantizing a trainer's float tensors first."""
+    copying tensors into the parameters, and quantizing a trainer's float tensors first; and the GPU memory allocated
+    since the reset, at its peak, above what was allocated then."""
 
     copy_s = 0.0
     quantize_s = 0.0
+    _allocated = 0
 
     @classmethod
     def reset(cls) -> None:
         cls.copy_s = cls.quantize_s = 0.0
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats()
+            cls._allocated = torch.cuda.memory_allocated()
+
+    @classmethod
+    def peak_gib(cls) -> float:
+        """GiB allocated above the reset's, at the peak since (0 without a GPU)."""
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return 0.0
+        return max(0, torch.cuda.max_memory_allocated() - cls._allocated) / 2**30
 
 
 class LoadTracker:

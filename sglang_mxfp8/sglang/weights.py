@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
 
@@ -65,16 +66,23 @@ def scale_name_of(model) -> Optional[str]:
 
 
 def postprocess_mxfp8_modules(model) -> int:
-    """Run post-load processing of every sglang_mxfp8 method in ``model``; returns how many ran."""
+    """Run post-load processing of every sglang_mxfp8 method in ``model`` (after weights sent as tensors), and log
+    where the update's time went: its copies since the last post-processing, then this; returns how many ran."""
+    from .loads import LoadClock
     from .quant_methods import ConversionReport
 
+    copy_s, quantize_s = LoadClock.copy_s, LoadClock.quantize_s
     ConversionReport.reset()
+    LoadClock.copy_s, LoadClock.quantize_s = copy_s, quantize_s
+    start = time.perf_counter()
     count = 0
     for _, module in mxfp8_modules(model):
         module.quant_method.process_weights_after_loading(module)
         count += 1
     if ConversionReport.total:
         logger.info(ConversionReport.line())
+        logger.info(ConversionReport.time_line(time.perf_counter() - start + copy_s + quantize_s, "tensor update"))
+    LoadClock.reset()
     check_storage(model)
     return count
 

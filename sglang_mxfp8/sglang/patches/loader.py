@@ -41,6 +41,7 @@ def read_hf_quant_config() -> None:
 def report_each_load() -> None:
     from sglang.srt.model_loader import loader
 
+    from ..loads import LoadClock
     from ..quant_methods import ConversionReport
     from ..weights import check_storage
 
@@ -59,6 +60,7 @@ def report_each_load() -> None:
             if ConversionReport.total:
                 logger.info(ConversionReport.line())
                 logger.info(ConversionReport.time_line(time.perf_counter() - start))
+            LoadClock.reset()  # a tensor update's line counts its own copies only
             check_storage(model)
 
         return load_weights_and_postprocess
