@@ -20,7 +20,7 @@ ALL_KERNELS = "--all-kernels"
 NEAR_TIES = "near-ties"  # the section of accuracy and routing figures measured on a generated model's random weights
 SECTIONS = (("serve", "Served"), ("start", "Server start"), ("refit", "Refit"), ("accuracy", "Accuracy"),
             ("routing", "Routing capture"), (NEAR_TIES, "Agreement on random weights (near-ties)"),
-            ("layers", "Layers, as the registry plans them"), ("tests", "GPU tests"))
+            ("layers", "Layers, as the registry plans them"), ("tests", "GPU tests"), ("suite", "Bench suites"))
 NEAR_TIES_NOTE = ("A generated model's random weights make every logit a near-tie, so these say how often two "
                   "near-equal computations round alike, nothing about MXFP8's accuracy; accuracy is measured on real "
                   "weights (`--model`).")

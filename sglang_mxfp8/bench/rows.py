@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
 SCHEMA = 1
-ROUTINES = ("layers", "serve", "start", "refit", "accuracy", "routing", "tests")
+ROUTINES = ("layers", "serve", "start", "refit", "accuracy", "routing", "tests", "suite")  # "suite": its wall time
 BETTER = ("lower", "higher")
 LIBRARIES = {"torch": "torch", "sglang": "sglang", "flashinfer": "flashinfer-python", "triton": "triton",
              "deep_gemm": ("sgl-deep-gemm", "deep-gemm", "deep_gemm"), "sglang_mxfp8": "sglang_mxfp8"}

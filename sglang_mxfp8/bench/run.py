@@ -40,9 +40,10 @@ class Suite:
 
 
 SUITES = {
-    # about 12 minutes on one H100 / H200, most of it the two servers' first starts on empty caches (2-3.5 minutes
-    # each for the 16-layer model on an H100): each server started once, the recommended flags against BF16
-    "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 16, SMOKE_TESTS),
+    # under 9 minutes on one H100 / H200, to fit one GPU command: each server started once on empty caches (the
+    # recommended flags against BF16), on a 4-layer model (a first start grows by about 5.5 s a layer; the full suite
+    # serves 16)
+    "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 4, SMOKE_TESTS),
     "full": Suite(
         SUITE_ROUTINES,
         LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
@@ -172,96 +173,177 @@ def with_overrides(suite: Suite, args) -> Suite:
     return replace(suite, layers=layers, serve=serve, model_layers=args.layers or suite.model_layers)
 
 
-def build_steps(suite: Suite, routines: Sequence[str], args, state: dict, progress: Callable[[str], None],
-                record, deadline: Callable[[], float]) -> List[Step]:
-    """The run's steps, in order: the served comparison (model, then one session per server), layers, GPU tests."""
-    from . import layers as layer_routine
-    from . import models
+class BenchRun:
+    """One ``sglang-mxfp8 bench`` run: its steps in order (the served comparison: model, then one session per server;
+    layers; GPU tests), what they hand one another (environment, checkpoints, sessions), its rows and its progress."""
 
-    work = Path(args.workdir)
-    steps: List[Step] = []
-    served = [r for r in routines if r in SERVED]
-    if served:
+    def __init__(self, suite: Suite, routines: Sequence[str], args):
+        self.suite, self.routines, self.args = suite, list(routines), args
+        self.work = Path(args.workdir)
+        self.command = "sglang-mxfp8 bench " + shlex.join(args.argv)
+        self.env = self.results = self.pair = self.progress = None
+        self.sessions: list = []
+        self.rows: List[dict] = []
+        self.started = time.monotonic()
+        self.served = [r for r in self.routines if r in SERVED]
+        self.steps = self._steps()
+
+    def deadline(self) -> float:
+        return self.started + self.args.time_limit if self.args.time_limit else float("inf")
+
+    def step(self, what: str) -> None:
+        """A progress line for what the current step does now."""
+        self.progress.step(what)
+
+    def record(self, new_rows) -> None:
+        from dataclasses import asdict
+
+        from . import report, rows
+
+        rows.append(self.results, new_rows)
+        dicts = [asdict(r) for r in new_rows]
+        self.rows.extend(dicts)
+        if dicts:
+            print(report.table(dicts), flush=True)
+
+    # -- the steps -----------------------------------------------------------------------------------------------------
+    def _steps(self) -> List[Step]:
+        steps: List[Step] = []
+        if self.served:
+            steps += [self._model_step(), self._servers_step()]
+        if "layers" in self.routines:
+            from . import layers as layer_routine
+
+            layers = self.suite.layers
+            steps.append(Step("layers", layer_routine.estimate_s(layers), self._layers, layer_routine.describe(layers)))
+        if "tests" in self.routines:
+            steps.append(Step("tests", 90 if self.suite.tests else 900, self._tests,
+                              ["GPU tests: python -m pytest -q tests/gpu" + (
+                                  f" -k {shlex.quote(self.suite.tests)}" if self.suite.tests else "")]))
+        return steps
+
+    def _model_step(self) -> Step:
+        args, suite = self.args, self.suite
         if args.model:
-            describe_model = f"model: {args.model} and its BF16 twin" + (f" {args.bf16_model}" if args.bf16_model else
-                                                                          " (converted into the work folder once)")
+            describe = f"model: {args.model} and its BF16 twin" + (
+                f" {args.bf16_model}" if args.bf16_model else " (converted into the work folder once)")
             cached = True
         else:
-            folder = work / "models" / f"qwen3-30b-a3b-shaped-{suite.model_layers}l-seed0"
+            folder = self.work / "models" / f"qwen3-30b-a3b-shaped-{suite.model_layers}l-seed0"
             cached = (folder / "mxfp8" / "config.json").is_file()
-            describe_model = (
-                f"model: a random Qwen3-30B-A3B-shaped model of {suite.model_layers} layers and its MXFP8 "
-                f"conversion in {folder} ({'written already' if cached else 'written once'})"
-            )
+            describe = (f"model: a random Qwen3-30B-A3B-shaped model of {suite.model_layers} layers and its MXFP8 "
+                        f"conversion in {folder} ({'written already' if cached else 'written once'})")
+        return Step("model", 3 if cached else 4 * suite.model_layers, self._model, [describe])
 
-        def prepare():
-            state["pair"] = (models.from_user(args.model, args.bf16_model, work / "models") if args.model
-                             else models.generated(work / "models", suite.model_layers))
+    def _model(self) -> None:
+        from . import models
 
-        steps.append(Step("model", 3 if cached else 4 * suite.model_layers, prepare, [describe_model]))
-        sessions = ["BF16"] + [f"MXFP8 ({flags})" for flags in suite.serve.mx_flags]
+        args = self.args
+        self.pair = (models.from_user(args.model, args.bf16_model, self.work / "models") if args.model
+                     else models.generated(self.work / "models", self.suite.model_layers))
+
+    def _servers_step(self) -> Step:
+        serve, served = self.suite.serve, self.served
+        sessions = ["BF16"] + [f"MXFP8 ({flags})" for flags in serve.mx_flags]
         lines = [f"servers, one at a time, each first on empty caches of its own: {', '.join(sessions)}",
-                 f"  launch: python -m sglang.launch_server --model-path CKPT --port {suite.serve.port} "
-                 f"{suite.serve.server_flags} [MXFP8: backend flags]".replace("  [", " ["),
+                 f"  launch: python -m sglang.launch_server --model-path CKPT --port {serve.port} "
+                 f"{serve.server_flags} [MXFP8: backend flags]".replace("  [", " ["),
                  f"  routines: {', '.join(served)}"]
         if "serve" in served:
             lines += [f"  load at concurrency {c}: python -m " + shlex.join(bench_serving_argv(
-                suite.serve.port, Path("BF16_CKPT"), c, suite.serve.prompts.get(c, 2 * c), suite.serve.input_len,
-                suite.serve.output_len, Path("OUT.jsonl"))[2:]) for c in suite.serve.concurrency]
+                serve.port, Path("BF16_CKPT"), c, serve.prompts.get(c, 2 * c), serve.input_len, serve.output_len,
+                Path("OUT.jsonl"))[2:]) for c in serve.concurrency]
         if "routing" in served:
             lines.append(f"  routing: every server launched with {ROUTING_FLAG}; the experts captured on 8 prompts, "
                          "MXFP8's against BF16's")
         if "refit" in served:
-            lines.append(f"  refit: /update_weights_from_disk x{suite.serve.refits}"
-                         + (", then with the page cache dropped" if suite.serve.cold_refit else "")
+            lines.append(f"  refit: /update_weights_from_disk x{serve.refits}"
+                         + (", then with the page cache dropped" if serve.cold_refit else "")
+                         + ("; a whole update from a trainer's tensors (MXFP8: its MXFP8, then its BF16 tensors)"
+                            if serve.tensor_refits else "")
                          + "; MXFP8: 32 requests in flight during a refit, then refits it must refuse (a weight "
                            "without its scale, a scale one column short, BF16 holding a NaN, a missing folder), each "
                            "followed by requests, and an accepted one"
-                         + (f", then {suite.serve.alternating_refits} refits alternating with its weights negated, "
-                            "each against a fresh server" if suite.serve.alternating_refits else ""))
+                         + (f", then {serve.alternating_refits} refits alternating with its weights negated, "
+                            "each against a fresh server" if serve.alternating_refits else ""))
+        estimate = served_estimate(self.suite, served, self.suite.model_layers, len(sessions), True)
+        return Step("servers", estimate, self._servers, lines)
 
-        def serve():
-            from .served import Runner
+    def _servers(self) -> None:
+        from .served import Runner
 
-            if "pair" not in state:
-                raise RuntimeError("no checkpoints to serve (the model step failed)")
-            runner = Runner(state["env"], state["pair"], suite.serve, set(served), work / state["env"].run, progress)
-            state["sessions"] = runner.run(record)
+        if self.pair is None:
+            raise RuntimeError("no checkpoints to serve (the model step failed)")
+        runner = Runner(self.env, self.pair, self.suite.serve, set(self.served), self.work / self.env.run, self.step)
+        self.sessions = runner.run(self.record)
 
-        steps.append(Step("servers", served_estimate(suite, served, suite.model_layers, len(sessions), True), serve,
-                          lines))
-    if "layers" in routines:
-        def layers():
-            import os
+    def _layers(self) -> None:
+        import os
 
-            from .served import cache_env
+        from . import layers as layer_routine
+        from .served import cache_env
 
-            mx_caches = work / state["env"].run / "caches" / "MXFP8"  # FlashInfer's modules this run's server built
-            os.environ.update(cache_env(mx_caches if mx_caches.is_dir() else work / "caches" / "layers", fresh=False))
-            layer_routine.run(state["env"], suite.layers, deadline(), record)
+        mx_caches = self.work / self.env.run / "caches" / "MXFP8"  # FlashInfer's modules this run's server built
+        os.environ.update(cache_env(mx_caches if mx_caches.is_dir() else self.work / "caches" / "layers", fresh=False))
+        layer_routine.run(self.env, self.suite.layers, self.deadline(), self.record)
 
-        steps.append(
-            Step("layers", layer_routine.estimate_s(suite.layers), layers, layer_routine.describe(suite.layers))
-        )
-    if "tests" in routines:
-        def tests():
+    def _tests(self) -> None:
+        from .rows import measurement
+
+        def test_row(command, counts):
+            self.record([measurement(self.env, "tests", "GPU tests passed", "tests/gpu", "", "tests", "higher",
+                                     counts.get("passed", 0), None, extra={"counts": counts, "command": command})])
+
+        gpu_tests(self.suite.tests, max(60, int(self.deadline() - time.monotonic())), test_row)
+
+    # -- running -------------------------------------------------------------------------------------------------------
+    def dry_run(self) -> None:
+        print(f"{self.command}: {len(self.steps)} steps, about {_clock(sum(s.estimate_s for s in self.steps))} on one "
+              "H100 / H200")
+        for i, s in enumerate(self.steps, 1):
+            print(f"[{i}] {s.name} (about {_clock(s.estimate_s)})")
+            for line in s.lines:
+                print(f"    {line}")
+        print(f"rows to {Path(self.args.results_dir) / 'RUN_ID.jsonl'}; logs and plots to "
+              f"{self.work / 'RUN_ID'}")
+
+    def run(self, gpu) -> int:
+        from . import report, rows
+
+        self.env = rows.environment(self.command, gpu.name, gpu.sm)
+        self.results = Path(self.args.results_dir) / f"{self.env.run}.jsonl"
+        print(f"bench: run {self.env.run} on {gpu.label}; rows to {self.results}", flush=True)
+        self.progress = Progress(self.steps)
+        skipped = []
+        for step in self.steps:
+            self.progress.begin()
+            if time.monotonic() + step.estimate_s > self.deadline():
+                skipped.append(step.name)
+                self.step(f"{step.name}: not started, the --time-limit would pass first")
+                continue
+            self.step(step.name)
+            try:
+                step.run()
+            except Exception as e:  # noqa: BLE001 - one routine failing leaves the others' rows
+                print(f"bench: {step.name} failed: {type(e).__name__}: {e}", flush=True)
+                skipped.append(step.name)
+            self.progress.finish(step)
+        wall_s = time.monotonic() - self.started
+        if not self.args.routines:  # the whole suite: how long it took, first starts on empty caches included
             from .rows import measurement
 
-            def test_row(command, counts):
-                record([measurement(state["env"], "tests", "GPU tests passed", "tests/gpu", "", "tests", "higher",
-                                    counts.get("passed", 0), None, extra={"counts": counts, "command": command})])
-
-            gpu_tests(suite.tests, max(60, int(deadline() - time.monotonic())), test_row)
-
-        steps.append(Step("tests", 90 if suite.tests else 900, tests,
-                          ["GPU tests: python -m pytest -q tests/gpu" + (f" -k {shlex.quote(suite.tests)}"
-                                                                           if suite.tests else "")]))
-    return steps
+            self.record([measurement(self.env, "suite", f"{self.args.suite} suite wall time", "sglang-mxfp8 bench", "",
+                                     "s", "lower", wall_s, None,
+                                     extra={"steps": [s.name for s in self.steps], "not_run": skipped,
+                                            "model_layers": self.suite.model_layers})])
+        print(f"bench: {len(self.rows)} rows in {self.results} ({_clock(wall_s)})"
+              + (f"; not run: {', '.join(skipped)}" if skipped else ""), flush=True)
+        for path in report.plot(self.rows, self.work / self.env.run):
+            print(f"bench: plot {path}", flush=True)
+        return 1 if skipped else 0
 
 
 def main(args) -> int:
-    from . import report, rows
-
     if args.routines == ["report"]:
         return report_main(args)
     unknown = [r for r in args.routines if r not in ROUTINES]
@@ -270,34 +352,9 @@ def main(args) -> int:
               file=sys.stderr)
         return 2
     suite = with_overrides(SUITES[args.suite], args)
-    routines = [r for r in ROUTINES if r in (args.routines or suite.routines)]
-    command = "sglang-mxfp8 bench " + shlex.join(args.argv)
-    state: dict = {}
-    run_rows: List[dict] = []
-    started = time.monotonic()
-    deadline = (lambda: started + args.time_limit) if args.time_limit else (lambda: float("inf"))
-    progress_box: List[Progress] = []
-
-    def progress(what: str) -> None:
-        progress_box[0].step(what)
-
-    def record(new_rows) -> None:
-        from dataclasses import asdict
-
-        rows.append(state["results"], new_rows)
-        dicts = [asdict(r) for r in new_rows]
-        run_rows.extend(dicts)
-        if dicts:
-            print(report.table(dicts), flush=True)
-
-    steps = build_steps(suite, routines, args, state, progress, record, deadline)
+    bench = BenchRun(suite, [r for r in ROUTINES if r in (args.routines or suite.routines)], args)
     if args.dry_run:
-        print(f"{command}: {len(steps)} steps, about {_clock(sum(s.estimate_s for s in steps))} on one H100 / H200")
-        for i, s in enumerate(steps, 1):
-            print(f"[{i}] {s.name} (about {_clock(s.estimate_s)})")
-            for line in s.lines:
-                print(f"    {line}")
-        print(f"rows to {Path(args.results_dir) / 'RUN_ID.jsonl'}; logs and plots to {Path(args.workdir) / 'RUN_ID'}")
+        bench.dry_run()
         return 0
     from ..platform import visible_gpu
 
@@ -306,29 +363,7 @@ def main(args) -> int:
         print("sglang-mxfp8 bench: no CUDA GPU is visible here; run it on the H100 / H200 / B200 it should measure "
               "(--dry-run shows what it would run)", file=sys.stderr)
         return 2
-    state["env"] = rows.environment(command, gpu.name, gpu.sm)
-    state["results"] = Path(args.results_dir) / f"{state['env'].run}.jsonl"
-    print(f"bench: run {state['env'].run} on {gpu.label}; rows to {state['results']}", flush=True)
-    progress_box.append(Progress(steps))
-    skipped = []
-    for step in steps:
-        progress_box[0].begin()
-        if time.monotonic() + step.estimate_s > deadline():
-            skipped.append(step.name)
-            progress(f"{step.name}: not started, the --time-limit would pass first")
-            continue
-        progress(step.name)
-        try:
-            step.run()
-        except Exception as e:  # noqa: BLE001 - one routine failing leaves the others' rows
-            print(f"bench: {step.name} failed: {type(e).__name__}: {e}", flush=True)
-            skipped.append(step.name)
-        progress_box[0].finish(step)
-    print(f"bench: {len(run_rows)} rows in {state['results']} ({_clock(time.monotonic() - started)})"
-          + (f"; not run: {', '.join(skipped)}" if skipped else ""), flush=True)
-    for path in report.plot(run_rows, Path(args.workdir) / state["env"].run):
-        print(f"bench: plot {path}", flush=True)
-    return 1 if skipped else 0
+    return bench.run(gpu)
 
 
 def report_main(args) -> int:
