@@ -391,7 +391,7 @@ def test_row_fingerprints_tell_apart_rows_whose_bytes_keep_their_sum():
     from sglang_mxfp8.layouts.fingerprints import row_fingerprints
 
     g = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
-    for width in (32, 320, 4096):
+    for width in (32, 320, 4096, 10, 330):  # int32 words; bytes where a row is no whole number of words
         rows = torch.randint(256, (200, width), generator=g, dtype=torch.uint8)
         changed = rows.clone()
         for r in range(changed.shape[0]):

@@ -124,29 +124,34 @@ def has_experts(model_dir: str | Path) -> bool:
 
 
 
-def validate_loaded(weight: "torch.Tensor", scale: "torch.Tensor", name: str) -> None:
-    """Refuse checkpoint data that would compute garbage silently: NaN weights or scales, missing scales.
+def validate_loaded(weight: "torch.Tensor", scale: "torch.Tensor", name: str) -> "torch.Tensor":
+    """Refuse checkpoint data that would compute garbage silently: NaN weights or scales, missing scales. Returns
+    which 32-element blocks hold a nonzero element (bool ``[rows, K/32]``; a conversion needs it too).
 
-    A missing scale tensor leaves SGLang's zero-initialised bytes (2**-127) under real weights.
+    A missing scale tensor leaves SGLang's zero-initialised bytes (2**-127) under real weights. One pass over the
+    weight (each block's largest magnitude byte: 0x7F is e4m3's NaN, the largest there is) and one host sync.
     """
     import torch
 
-    rows, k = weight.shape[-2:]
+    k = weight.shape[-1]
     w = weight.reshape(-1, k).view(torch.uint8)
     s = scale.reshape(-1, k // MX_BLOCK)
-    if bool(torch.any(s == 255)):
-        row = int((s == 255).any(dim=1).nonzero()[0])
+    block_max = (w & 0x7F).reshape(w.shape[0], -1, MX_BLOCK).amax(-1)
+    nonzero = block_max > 0
+    nan_scale, nan_weight, missing = (s == 255), (block_max == 0x7F), (s == 0) & nonzero
+    if not any(torch.stack([nan_scale.any(), nan_weight.any(), missing.any()]).tolist()):
+        return nonzero
+    if bool(nan_scale.any()):
+        row = int(nan_scale.any(dim=1).nonzero()[0])
         raise ValueError(f"{name}: scale row {row} holds NaN (0xFF): the checkpoint has non-finite values there")
-    if bool(torch.any((w & 0x7F) == 0x7F)):
-        row = int(((w & 0x7F) == 0x7F).any(dim=1).nonzero()[0])
+    if bool(nan_weight.any()):
+        row = int(nan_weight.any(dim=1).nonzero()[0])
         raise ValueError(f"{name}: weight row {row} holds NaN e4m3 values; fix the checkpoint")
-    nonzero_blocks = (w & 0x7F).reshape(w.shape[0], -1, MX_BLOCK).amax(-1) > 0
-    if bool(torch.any((s == 0) & nonzero_blocks)):
-        row = int(((s == 0) & nonzero_blocks).any(dim=1).nonzero()[0])
-        raise ValueError(
-            f"{name}: scale row {row} is zero under nonzero weights, as if its scale tensor was never loaded; "
-            "check that the checkpoint has a weight_scale_inv (uint8 [N, K/32]) for this weight"
-        )
+    row = int(missing.any(dim=1).nonzero()[0])
+    raise ValueError(
+        f"{name}: scale row {row} is zero under nonzero weights, as if its scale tensor was never loaded; "
+        "check that the checkpoint has a weight_scale_inv (uint8 [N, K/32]) for this weight"
+    )
 
 
 def refused_update(named: List[Tuple[str, "torch.Tensor"]], scale_name: str = "weight_scale_inv", *,

@@ -22,7 +22,7 @@ so we count and report the elements that changed.
 from __future__ import annotations
 
 import math
-from typing import Literal, Tuple
+from typing import Literal, Optional, Tuple
 
 import torch
 
@@ -103,15 +103,17 @@ def dequantize_mxfp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 _NO_EXPONENT = -(1 << 20)  # a sub-block of zeros: no exponent
 
 
-def block_exponents(q: torch.Tensor, scale: torch.Tensor, block_rows: int) -> torch.Tensor:
+def block_exponents(q: torch.Tensor, scale: torch.Tensor, block_rows: int,
+                    nonzero: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Target exponent per (row block, 128-column block) of MXFP8 ``q [R, K]`` with scales ``[R, K/32]``.
 
     The maximum sub-block exponent over sub-blocks holding a nonzero element (a zero block's
     scale byte is arbitrary and must not dominate); 0 for an all-zero block. Shape
-    ``[ceil(R/block_rows), ceil(K/128)]``, int32.
+    ``[ceil(R/block_rows), ceil(K/128)]``, int32. ``nonzero``: which sub-blocks hold a nonzero element, where the
+    caller has it already (``[R, K/32]``, as checkpoint.validate_loaded returns it).
     """
     r, k = q.shape
-    e = _subblock_exponents(q, scale)
+    e = _subblock_exponents(q, scale, nonzero)
     kb = math.ceil(k / 128)
     nb = math.ceil(r / block_rows)
     e = torch.nn.functional.pad(e, (0, kb * 4 - e.shape[1], 0, nb * block_rows - r), value=_NO_EXPONENT)
@@ -119,10 +121,12 @@ def block_exponents(q: torch.Tensor, scale: torch.Tensor, block_rows: int) -> to
     return torch.where(e == _NO_EXPONENT, torch.zeros_like(e), e)
 
 
-def _subblock_exponents(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def _subblock_exponents(q: torch.Tensor, scale: torch.Tensor, nonzero: Optional[torch.Tensor] = None) -> torch.Tensor:
     """int32 [R, K/32]: each 32-element sub-block's scale exponent, _NO_EXPONENT where it is all zeros."""
     r, k = q.shape
-    nz = (q.view(torch.uint8) & 0x7F).reshape(r, k // MX_BLOCK, MX_BLOCK).amax(-1) > 0
+    nz = nonzero
+    if nz is None:
+        nz = (q.view(torch.uint8) & 0x7F).reshape(r, k // MX_BLOCK, MX_BLOCK).amax(-1) > 0
     return torch.where(nz, scale.to(torch.int32) - E8M0_BIAS, torch.full_like(scale, _NO_EXPONENT, dtype=torch.int32))
 
 

@@ -63,7 +63,7 @@ class BlockScaleConverter:
         start = time.perf_counter()
         w = weight.view(self.groups * self.rows, self.k)
         s = scale.view(self.groups * self.rows, self.k // MX_BLOCK)
-        validate_loaded(w, s, self.name)
+        nonzero = validate_loaded(w, s, self.name)
         cur = row_fingerprints(w, torch.empty_like(self._sig_loaded))
         cur_scale = row_fingerprints(s, torch.empty_like(self._sig_scale))
         if self._ever:
@@ -104,7 +104,7 @@ class BlockScaleConverter:
             )
 
         if (pad == 0 or self.groups == 1) and bool(todo_blocks.all()):
-            changed = self._convert_whole(w, s)
+            changed = self._convert_whole(w, s, nonzero)
         else:
             changed = self._convert_blocks(weight, scale, todo_blocks)
         converted = todo_blocks.repeat_interleave(br, dim=1)[:, : self.rows].reshape(-1)
@@ -117,7 +117,7 @@ class BlockScaleConverter:
         rows = int(converted.sum())  # (a host sync)
         return ConversionStats(rows, changed, checked - start, time.perf_counter() - checked)
 
-    def _convert_whole(self, w: torch.Tensor, s: torch.Tensor) -> int:
+    def _convert_whole(self, w: torch.Tensor, s: torch.Tensor, nonzero: torch.Tensor) -> int:
         """Every block reloaded (a whole refit), row blocks aligned with the groups: ``w [G * R, K]`` converted as one
         matrix, in steps of whole row blocks, each step's rows a view written in place; one host sync at the end."""
         br = self.block_rows
@@ -126,7 +126,7 @@ class BlockScaleConverter:
         changed = torch.zeros((), dtype=torch.int64, device=w.device)
         for r0 in range(0, w.shape[0], step):
             q, sc = w[r0:r0 + step], s[r0:r0 + step]
-            e = block_exponents(q, sc, br)
+            e = block_exponents(q, sc, br, nonzero[r0:r0 + step])
             changed += count_shifted(q, sc, e, br)
             exps[r0 // br:r0 // br + e.shape[0]] = e
         return int(changed)
