@@ -12,9 +12,10 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 OLDEST=$(sed -n 's/^OLDEST_SGLANG, NEWEST_SGLANG = "\([^"]*\)".*/\1/p' sglang_mxfp8/__init__.py)  # the range's one home
+NEWEST_RELEASE=$(sed -n 's/^OLDEST_SGLANG, NEWEST_SGLANG = "[^"]*", "\([^"]*\)".*/\1/p' sglang_mxfp8/__init__.py)
 KEY=$( (cat ci/requirements.txt ci/constraints.txt; echo "$OLDEST") | sha256sum | cut -c1-12)
 VENV=${SGLANG_MXFP8_VENV:-$HOME/.cache/sglang_mxfp8/venv-$KEY}
-NEWEST=$VENV/sglang-newest-$(sha256sum ci/newest.txt | cut -c1-12)
+NEWEST=$VENV/sglang-newest-$( (cat ci/newest.txt; echo "$NEWEST_RELEASE") | sha256sum | cut -c1-12)
 PIP=(--disable-pip-version-check --progress-bar off)
 START=$SECONDS
 
@@ -33,11 +34,11 @@ if [ ! -f "$VENV/.complete" ]; then
   say "test environment ready ($(du -sh "$VENV" | cut -f1))"
 fi
 if [ ! -f "$NEWEST/.complete" ]; then
-  say "adding the newest supported SGLang ($(grep '^sglang==' ci/newest.txt)) beside it in $NEWEST (once)"
+  say "adding the newest supported SGLang ($NEWEST_RELEASE) beside it in $NEWEST (once)"
   rm -rf "$NEWEST"
   "$VENV/bin/python" -m pip install "${PIP[@]}" -q --no-deps --target "$NEWEST" --only-binary=:all: \
     --python-version 3.12 --platform manylinux_2_34_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -r ci/newest.txt
+    --platform manylinux2014_x86_64 "sglang==$NEWEST_RELEASE" -r ci/newest.txt
   touch "$NEWEST/.complete"
   say "newest SGLang ready ($(du -sh "$NEWEST" | cut -f1))"
 fi

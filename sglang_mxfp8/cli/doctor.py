@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
 
-from .. import __version__
+from .. import SUPPORTED_SGLANG, __version__
 from ..format import checkpoint
 from ..kernels import registry
 from ..platform import GpuSpec
@@ -63,8 +63,8 @@ def doctor(args) -> int:
 
 def report(args, gpu: Optional[GpuSpec]) -> int:
     print(
-        f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')}  flashinfer {_pkg('flashinfer-python')}  "
-        f"torch {_pkg('torch')}"
+        f"sglang_mxfp8 {__version__}  sglang {_pkg('sglang')} (tested: {SUPPORTED_SGLANG})  "
+        f"flashinfer {_pkg('flashinfer-python')}  torch {_pkg('torch')}"
     )
     print(f"startup hook: {startup_hook_status()}")
     print(
