@@ -62,12 +62,9 @@ for m, n, k in [(1, 64, 128), (7, 200, 352), (16, 130, 256), (33, 96, 96), (64, 
         bs, _ = convert_to_block_scales(w, ws, rows)
         deq = dequantize_block_fp8(w, bs, rows)
         assert torch.equal(deq.to(torch.bfloat16).float(), deq)  # e4m3 x 2^k is exact in bf16
-        small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=2, num_stages=2)
-        # split-K: K slices of 2 blocks, and more slices than K has blocks (some empty)
-        for cfg in (None, small, {**small, "SPLIT_K": 2}, {**small, "SPLIT_K": 8}):
+        for cfg in (None, dict(BLOCK_M=16, BLOCK_N=16, num_warps=2, num_stages=2)):
             # float32 activation: the interpreter's bf16 dot is wrong (the GPU's is tested in tests/gpu)
             out = dense_w8a16._w8a16(x.float(), w, bs, rows, bias.float(), cfg)
-            assert torch.equal(out, dense_w8a16._w8a16(x.float(), w, bs, rows, bias.float(), cfg))  # deterministic
             ref = x.double() @ deq.double().t() + bias.double()
             assert out.shape == (m, n) and out.dtype == torch.float32
             err = ((out.double() - ref).norm() / ref.norm()).item()

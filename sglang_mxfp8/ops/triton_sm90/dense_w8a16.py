@@ -1,8 +1,6 @@
 """``w8a16_gemm``: C = X @ (B * sb)^T with X in BF16 as given (weight-only FP8, for small M). The weight is
 dequantized in registers: e4m3 times a power-of-two scale is exact in BF16, so one BF16 tensor-core dot accumulates in
-float32, with no activation quantization launch. With ``SPLIT_K`` > 1 each program takes a slice of K and writes float32
-partial sums that a second launch adds up in order (deterministic): at small M a layer has too few output tiles to keep
-every SM streaming weight bytes."""
+float32 over all of K, with no activation quantization launch."""
 
 from __future__ import annotations
 
@@ -15,12 +13,12 @@ from .dense_w8a8 import k_block
 
 
 @triton.jit
-def _weight_only_dot(a_rows, mask_rows, b_rows, mask_n, s_rows, K, KB0, KB1,
+def _weight_only_dot(a_rows, mask_rows, b_rows, mask_n, s_rows, K, KB,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 [BLOCK_M, BLOCK_N] = A[rows] @ (e4m3 W[cols] x its per-128-K power-of-two scale)^T over K blocks
-    KB0..KB1. The weight is dequantized in A's dtype (exact in bf16) right before one tensor-core dot per tile."""
+    """float32 [BLOCK_M, BLOCK_N] = A[rows] @ (e4m3 W[cols] x its per-128-K power-of-two scale)^T over all
+    of K. The weight is dequantized in A's dtype (exact in bf16) right before one tensor-core dot per tile."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(KB0, KB1):
+    for kb in range(0, KB):
         a, b = k_block(a_rows, mask_rows, b_rows, mask_n, K, kb, BLOCK_K)
         sb = tl.load(s_rows + kb, mask=mask_n, other=0.0)
         acc = tl.dot(a, (b.to(tl.float32) * sb[None, :]).to(a.dtype), acc)
@@ -31,12 +29,10 @@ def _weight_only_dot(a_rows, mask_rows, b_rows, mask_n, s_rows, K, KB0, KB1,
 def _w8a16_gemm_kernel(
     x_ptr, b_ptr, c_ptr, sb_ptr, bias_ptr,
     M, N, K, KB,
-    stride_xm, stride_bn, stride_cm, stride_cs,
-    SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    stride_xm, stride_bn, stride_cm,
+    SCALE_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """C = X @ W^T for one [BLOCK_M, BLOCK_N] tile; with SPLIT_K > 1, the partial sum of K slice program_id(2) into
-    float32 C[slice] (bias left to the reduction)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
@@ -44,28 +40,11 @@ def _w8a16_gemm_kernel(
     x_rows = x_ptr + offs_m[:, None] * stride_xm
     b_rows = b_ptr + offs_n[None, :] * stride_bn
     s_rows = sb_ptr + (offs_n // SCALE_ROWS) * KB
-    per = tl.cdiv(KB, SPLIT_K)
-    kb0 = tl.program_id(2) * per
-    acc = _weight_only_dot(x_rows, mask_m, b_rows, mask_n, s_rows, K, kb0, tl.minimum(kb0 + per, KB),
-                           BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = _weight_only_dot(x_rows, mask_m, b_rows, mask_n, s_rows, K, KB, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    c = c_ptr + tl.program_id(2) * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :]
+    c = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-
-
-@triton.jit
-def _split_k_sum_kernel(p_ptr, c_ptr, bias_ptr, MN, N, stride_ps, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        BLOCK: tl.constexpr):
-    """C = the SPLIT_K float32 partial sums added in slice order (+ bias), in C's dtype."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(SPLIT_K):
-        acc += tl.load(p_ptr + s * stride_ps + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 def w8a16_config(m: int) -> dict:
@@ -84,11 +63,8 @@ def w8a16_gemm(x, w, w_s, scale_rows: int = 1, bias=None, config: dict | None = 
     return _w8a16(x, w, w_s, scale_rows, bias, config)
 
 
-SPLIT_SUM_BLOCK = 1024  # outputs per program of the split-K sum
-
-
 def _w8a16(x, w, w_s, scale_rows, bias, config):
-    """The launches, for any float activation dtype (Triton's CPU interpreter runs no bf16 dot)."""
+    """The launch, for any float activation dtype (Triton's CPU interpreter runs no bf16 dot)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     m, k = x.shape
@@ -96,18 +72,11 @@ def _w8a16(x, w, w_s, scale_rows, bias, config):
     c = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return c
-    cfg = dict(config or w8a16_config(m))
-    kb = triton.cdiv(k, GROUP_K)
-    split = max(1, min(cfg.pop("SPLIT_K", 1), kb))
-    out = c if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]), split)
+    cfg = config or w8a16_config(m)
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
     _w8a16_gemm_kernel[grid](
-        x, w, out, w_s, bias if bias is not None else c,
-        m, n, k, kb, x.stride(0), w.stride(0), n, m * n,
-        SCALE_ROWS=scale_rows, HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, BLOCK_K=GROUP_K, **cfg,
+        x, w, c, w_s, bias if bias is not None else c,
+        m, n, k, triton.cdiv(k, GROUP_K), x.stride(0), w.stride(0), c.stride(0),
+        SCALE_ROWS=scale_rows, HAS_BIAS=bias is not None, BLOCK_K=GROUP_K, **cfg,
     )
-    if split > 1:
-        _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_SUM_BLOCK),)](
-            out, c, bias if bias is not None else c, m * n, n, m * n,
-            SPLIT_K=split, HAS_BIAS=bias is not None, BLOCK=SPLIT_SUM_BLOCK)
     return c
