@@ -372,7 +372,7 @@ def test_gsm8k_routine_reads_the_benchmarks_accuracy_line(tmp_path):
 
 def test_a_trainers_buckets_hold_the_checkpoints_tensors_in_order_each_within_its_size(tmp_path):
     """The tensor refit sends a checkpoint as a trainer does: every tensor once, in file and key order, grouped in
-    buckets no larger than the bound unless one tensor alone is."""
+    buckets no larger than the bound unless one tensor alone is, or an MXFP8 weight's scale joins its weight's."""
     import torch
     from safetensors.torch import save_file
 
@@ -389,3 +389,14 @@ def test_a_trainers_buckets_hold_the_checkpoints_tensors_in_order_each_within_it
     sizes_of = [sum(t.numel() * 4 for _, t in group) for group in got]
     assert all(s <= 4096 for s, group in zip(sizes_of, got) if len(group) > 1) and sizes_of[-1] == 12000
     assert all(a + b[0][1].numel() * 4 > 4096 for a, b in zip(sizes_of, got[1:]))  # each bucket as full as it fits
+    from sglang_mxfp8.format.numerics import quantize_mxfp8
+
+    pairs = {}
+    for i in range(6):
+        pairs[f"e{i}.weight"], pairs[f"e{i}.weight_scale_inv"] = quantize_mxfp8(torch.randn(32, 64, generator=g))
+    mx = tmp_path / "mx"
+    mx.mkdir()
+    save_file(pairs, str(mx / "model.safetensors"))
+    got = [[n for n, _ in group] for group in buckets(mx, bucket_bytes=2100)]  # one weight (2048 B) a bucket
+    assert [n for group in got for n in group] == sorted(pairs) and all(
+        group == [group[0], group[0] + "_scale_inv"] for group in got), got

@@ -294,7 +294,7 @@ class BenchRun:
             self.record([measurement(self.env, "tests", "GPU tests passed", "tests/gpu", "", "tests", "higher",
                                      counts.get("passed", 0), None, extra={"counts": counts, "command": command})])
 
-        gpu_tests(self.suite.tests, max(60, int(self.deadline() - time.monotonic())), test_row)
+        gpu_tests(self.suite.tests, int(max(60.0, min(self.deadline() - time.monotonic(), 3600.0))), test_row)
 
     # -- running -------------------------------------------------------------------------------------------------------
     def dry_run(self) -> None:

@@ -44,7 +44,8 @@ def update_weights_from_tensor(port: int, named: List[Tuple[str, "torch.Tensor"]
 
 def buckets(ckpt: Path, bucket_bytes: int = BUCKET_BYTES) -> Iterator[List[Tuple[str, "torch.Tensor"]]]:
     """``ckpt``'s tensors in file and key order, grouped into buckets of at most ``bucket_bytes`` (a larger tensor
-    alone), read on the host."""
+    alone), read on the host. An MXFP8 weight's scale stays in its weight's bucket (one update carries both, as the
+    server checks it), whatever that bucket's size."""
     from safetensors import safe_open
 
     group, size = [], 0
@@ -53,7 +54,8 @@ def buckets(ckpt: Path, bucket_bytes: int = BUCKET_BYTES) -> Iterator[List[Tuple
             for name in f.keys():
                 t = f.get_tensor(name)
                 nbytes = t.numel() * t.element_size()
-                if group and size + nbytes > bucket_bytes:
+                scale_of_last = bool(group) and name.startswith(group[-1][0] + "_scale")
+                if group and size + nbytes > bucket_bytes and not scale_of_last:
                     yield group
                     group, size = [], 0
                 group.append((name, t))
