@@ -168,6 +168,9 @@ def summary(rows: Sequence[dict]) -> List[str]:
     def where(group):
         return f"{gpu_short(group[0]['gpu'])}, {group[0]['time'][:10]}"
 
+    def of(group):  # the model, where it is not the served figure's
+        return "" if served and group[0]["shape"] == served[0]["shape"] else f" ({group[0]['shape']} model)"
+
     served = _newest(figs, "serve", "output throughput", RECOMMENDED_FLAGS)
     if served:
         decode = _newest(figs, "serve", "decode latency, batch 1", RECOMMENDED_FLAGS, served[0]["shape"])
@@ -182,12 +185,13 @@ def summary(rows: Sequence[dict]) -> List[str]:
     start = _newest(figs, "start", "first start", RECOMMENDED_FLAGS)
     if start:
         restart = _newest(figs, "start", "restart", RECOMMENDED_FLAGS, start[0]["shape"])
-        out.append(f"First start {start[0]['mxfp8']:.0f} s against BF16's {start[0]['bf16']:.0f} s"
+        out.append(f"First start{of(start)} {start[0]['mxfp8']:.0f} s against BF16's {start[0]['bf16']:.0f} s"
                    + (f", restart {restart[0]['mxfp8']:.0f} s against {restart[0]['bf16']:.0f} s" if restart else "")
                    + f" ({where(start)}).")
     refit = _newest(figs, "refit", "refit from disk, page cache warm", RECOMMENDED_FLAGS)
     if refit:
-        out.append(f"`/update_weights_from_disk`: {refit[0]['mxfp8']:.1f} s against BF16's {refit[0]['bf16']:.1f} s "
+        out.append(f"`/update_weights_from_disk`{of(refit)}: {refit[0]['mxfp8']:.1f} s against BF16's "
+                   f"{refit[0]['bf16']:.1f} s "
                    f"({where(refit)}).")
     layers, cited = [], []
     for what, flags in (("MoE", f"{MOE_FLAG} flashinfer_cutlass"), ("linear", f"{DENSE_FLAG} flashinfer_trtllm")):
