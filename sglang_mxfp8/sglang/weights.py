@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Tuple
@@ -17,6 +18,23 @@ from ..format.checkpoint import refused_checkpoint
 from ..compat import model_runner_of
 
 FROM_TENSORS = "_sglang_mxfp8_served_from_tensors"  # set on the model runner: the weights served came as tensors
+
+
+class _RefitReads(threading.local):
+    active = False  # this thread is refitting an MXFP8 model from disk: its checkpoint is read page-locked
+
+
+REFIT_READS = _RefitReads()
+
+
+@contextlib.contextmanager
+def refit_reads():
+    """The safetensors files the block loads are read by ``format.reader.read_tensors`` (loader.pinned_refit_reads)."""
+    REFIT_READS.active = True
+    try:
+        yield
+    finally:
+        REFIT_READS.active = False
 
 logger = logging.getLogger("sglang_mxfp8")
 
@@ -137,7 +155,8 @@ def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs
             return False, (f"Failed to update weights: {problem}. Nothing was loaded; the previous weights keep "
                            "serving.")
     try:
-        ok, message = original(self, model_path, load_format, *args, **kwargs)
+        with refit_reads():
+            ok, message = original(self, model_path, load_format, *args, **kwargs)
         if not ok:  # refused before loading (no such folder, another loader): nothing was read, and SGLang left
             self.model_config.model_path = served_path  # the bad path as the one a later rollback re-reads
         else:
@@ -146,7 +165,8 @@ def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs
     except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
         logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
         try:
-            ok, message = original(self, served_path, served_format, *args, **kwargs)
+            with refit_reads():
+                ok, message = original(self, served_path, served_format, *args, **kwargs)
         except Exception as again:  # noqa: BLE001 - named below with both paths
             ok, message = False, str(again).splitlines()[0] if str(again) else type(again).__name__
         if not ok:

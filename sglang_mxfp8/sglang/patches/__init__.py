@@ -77,6 +77,11 @@ PATCHES = (
           ("sglang.srt.model_loader.loader:DefaultModelLoader.load_weights_and_postprocess",),
           "loader:report_each_load", doc="after each (re)load: what conversion changed, and whether every MXFP8 "
                                          "tensor kept its storage"),
+    Patch("loader.pinned_refit_reads", LOADER,
+          ("sglang.srt.model_loader.loader:buffered_multi_thread_safetensors_weights_iterator",
+           "sglang.srt.model_loader.loader:safetensors_weights_iterator"), "loader:read_refits_pinned",
+          doc="a refit of an MXFP8 model from disk reads its safetensors files straight into page-locked memory, "
+              "several tensors ahead of the loader"),
     Patch("loader_utils.default_dtype_restored", LOADER_UTILS,
           ("sglang.srt.model_loader.utils:set_default_torch_dtype",), "loader_utils:restore_default_dtype_on_error",
           doc="a load that raises leaves torch's default dtype as it was (torch.compile guards on it: a refused refit "

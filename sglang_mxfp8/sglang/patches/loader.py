@@ -66,3 +66,33 @@ def report_each_load() -> None:
         return load_weights_and_postprocess
 
     replace(cls, "load_weights_and_postprocess", "loader.conversion_report", make)
+
+
+def read_refits_pinned() -> None:
+    """A refit of an MXFP8 model from disk reads its checkpoint with :func:`...format.reader.read_tensors` (page-locked
+    where a GPU is, several reads ahead of the loader) wherever SGLang would read safetensors files; any other load, or
+    a file with a dtype the reader does not know, reads as shipped."""
+    import torch
+    from sglang.srt.model_loader import loader
+
+    from ...format.reader import UnreadableTensor, read_tensors, tensor_entries
+    from ..weights import REFIT_READS
+
+    def make(original):
+        @functools.wraps(original)
+        def weights_iterator(hf_weights_files, *args, **kwargs):
+            if REFIT_READS.active:
+                try:
+                    for path in hf_weights_files:
+                        tensor_entries(path)
+                except UnreadableTensor as e:
+                    logger.info("sglang_mxfp8: %s; SGLang reads this refit's files", e)
+                else:
+                    return read_tensors(list(hf_weights_files), pinned=torch.cuda.is_available())
+            return original(hf_weights_files, *args, **kwargs)
+
+        return weights_iterator
+
+    for name in ("buffered_multi_thread_safetensors_weights_iterator", "safetensors_weights_iterator"):
+        if hasattr(loader, name):
+            replace(loader, name, f"loader.pinned_refit_reads.{name}", make)

@@ -1,0 +1,100 @@
+"""The refit reader (format.reader) against safetensors' own: every tensor of every file, bit for bit, per file in name
+order, whatever its dtype and however far it reads ahead; a file it cannot read is named, and SGLang's loader reads
+through it only during an MXFP8 refit (patch loader.pinned_refit_reads, the real loader module)."""
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from conftest import run_python
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.format.reader import UnreadableTensor, read_tensors, tensor_entries
+
+
+def _checkpoint(root, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    files = []
+    for i in range(3):
+        tensors = {}
+        for j in range(5):
+            q, s = quantize_mxfp8(torch.randn(64 + 32 * j, 96, generator=g))
+            tensors[f"layers.{i}.w{j}.weight"], tensors[f"layers.{i}.w{j}.weight_scale_inv"] = q, s
+        tensors[f"layers.{i}.norm"] = torch.randn(96, generator=g).to(torch.bfloat16)
+        tensors[f"layers.{i}.bias"] = torch.randn(7, generator=g)
+        tensors[f"layers.{i}.ids"] = torch.randint(-5, 5, (3, 4), generator=g)
+        tensors[f"layers.{i}.empty"] = torch.empty(0, 8)
+        path = root / f"model-{i:05d}.safetensors"
+        save_file(tensors, str(path))
+        files.append(str(path))
+    return files
+
+
+def _safetensors(files):
+    for path in files:
+        with safe_open(path, "pt") as f:
+            for name in sorted(f.keys()):
+                yield name, f.get_tensor(name)
+
+
+@pytest.mark.parametrize("ahead_bytes", [1, 3000, 1 << 30])
+def test_the_reader_gives_what_safetensors_gives_in_name_order(tmp_path, ahead_bytes):
+    files = _checkpoint(tmp_path)
+    got = list(read_tensors(files, pinned=False, threads=4, ahead_bytes=ahead_bytes))
+    want = list(_safetensors(files))
+    assert [n for n, _ in got] == [n for n, _ in want] and len(got) == 3 * 14
+    for (name, a), (_, b) in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a.view(torch.uint8) if a.numel() else a, b.view(torch.uint8) if b.numel() else b), name
+
+
+def test_a_loader_that_stops_early_leaves_no_read_running(tmp_path):
+    files = _checkpoint(tmp_path, seed=1)
+    it = read_tensors(files, pinned=False, threads=4, ahead_bytes=1 << 20)
+    first = [next(it) for _ in range(3)]
+    it.close()  # a refused refit: SGLang's loader raises and drops the iterator
+    assert [n for n, _ in first] == [n for n, _ in list(_safetensors(files))[:3]]
+
+
+def test_a_dtype_it_does_not_read_and_a_short_file_are_named(tmp_path):
+    path = tmp_path / "odd.safetensors"
+    header = json.dumps({"x": {"dtype": "C64", "shape": [2], "data_offsets": [0, 16]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    with pytest.raises(UnreadableTensor, match=r"odd.safetensors: tensor x is C64"):
+        tensor_entries(str(path))
+    short = tmp_path / "short.safetensors"
+    save_file({"w": torch.ones(64)}, str(short))
+    short.write_bytes(short.read_bytes()[:-10])
+    with pytest.raises(OSError, match="file ended 10 bytes early"):
+        list(read_tensors([str(short)], pinned=False))
+
+
+@pytest.mark.sglang
+def test_sglangs_loader_reads_through_it_during_an_mxfp8_refit_only(tmp_path):
+    files = _checkpoint(tmp_path, seed=2)
+    p = run_python(
+        "import json, sys, torch\n"
+        "from sglang.srt.model_loader import loader\n"
+        "from sglang_mxfp8.sglang import patching\n"
+        "from sglang_mxfp8.sglang.weights import refit_reads\n"
+        f"files = {files!r}\n"
+        "def names(it): return [n for n, _ in it]\n"
+        "stock = list(loader.buffered_multi_thread_safetensors_weights_iterator(files, max_workers=2))\n"
+        "with refit_reads():\n"
+        "    ours = loader.buffered_multi_thread_safetensors_weights_iterator(files, max_workers=2)\n"
+        "    kind = type(ours).__name__, ours.__qualname__ if hasattr(ours, '__qualname__') else ''\n"
+        "    ours = list(ours)\n"
+        "same = [a == b and torch.equal(x.view(torch.uint8), y.view(torch.uint8))\n"
+        "        for (a, x), (b, y) in zip(sorted(stock, key=lambda t: t[0]), sorted(ours, key=lambda t: t[0]))]\n"
+        "plain = loader.safetensors_weights_iterator(files)\n"
+        "name = 'loader.pinned_refit_reads.buffered_multi_thread_safetensors_weights_iterator'\n"
+        "print(json.dumps(dict(patched=name in patching.APPLIED, ours=kind[1], n=len(ours),\n"
+        "                      same=all(same) and len(same) == 42, after=getattr(plain, '__qualname__', ''))))\n"
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"patched": True, "ours": "read_tensors", "n": 42, "same": True,
+                   "after": "safetensors_weights_iterator"}, got
