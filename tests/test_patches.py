@@ -935,3 +935,29 @@ def test_every_weight_update_entry_point_of_this_sglang_is_post_processed():
                     "model_runner.tensor_update_postprocess" if n == "update_weights_from_tensor" else
                     f"model_runner.tensor_update_postprocess.{n}") for n in names}
     assert eval(out["MARKS"]) == expected
+
+
+@pytest.mark.parametrize("mxfp8", [True, False])
+def test_only_an_mxfp8_models_refit_reads_page_locked(monkeypatch, tmp_path, mxfp8):
+    """The refit wrapper turns the page-locked reads on for the load of an MXFP8 model's refit (and its rollback)
+    only: a BF16 model's refit reads as SGLang ships, and after either the reads are SGLang's again."""
+    import types
+
+    from sglang_mxfp8.sglang import weights
+
+    seen = []
+
+    def original(self, model_path, load_format):
+        seen.append(weights.REFIT_READS.active)
+        if model_path.endswith("bad"):
+            raise ValueError("refused after loading")
+        return True, "Succeeded"
+
+    monkeypatch.setattr(weights, "scale_name_of", lambda model: "weight_scale_inv" if mxfp8 else None)
+    runner = types.SimpleNamespace(model=None, model_config=types.SimpleNamespace(model_path=str(tmp_path / "A")),
+                                   server_args=types.SimpleNamespace(load_format="auto"))
+    refit = weights.refit_rollback(original)
+    assert refit(runner, str(tmp_path / "B"), "auto") == (True, "Succeeded")
+    ok, message = refit(runner, str(tmp_path / "bad"), "auto")  # fails while loading: the rollback reloads B
+    assert not ok and "Rolled back to" in message
+    assert seen == [mxfp8] * 3 and weights.REFIT_READS.active is False

@@ -28,9 +28,10 @@ REFIT_READS = _RefitReads()
 
 
 @contextlib.contextmanager
-def refit_reads():
-    """The safetensors files the block loads are read by ``format.reader.read_tensors`` (loader.pinned_refit_reads)."""
-    REFIT_READS.active = True
+def refit_reads(active: bool = True):
+    """With ``active`` (an MXFP8 model's refit), the safetensors files the block loads are read by
+    ``format.reader.read_tensors`` (loader.pinned_refit_reads); any other model's refit reads as SGLang ships."""
+    REFIT_READS.active = active
     try:
         yield
     finally:
@@ -155,7 +156,7 @@ def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs
             return False, (f"Failed to update weights: {problem}. Nothing was loaded; the previous weights keep "
                            "serving.")
     try:
-        with refit_reads():
+        with refit_reads(scale_name is not None):
             ok, message = original(self, model_path, load_format, *args, **kwargs)
         if not ok:  # refused before loading (no such folder, another loader): nothing was read, and SGLang left
             self.model_config.model_path = served_path  # the bad path as the one a later rollback re-reads
@@ -165,7 +166,7 @@ def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs
     except Exception as e:  # noqa: BLE001 - SGLang's own rollback re-read model_path and failed again
         logger.error("sglang_mxfp8: refit from %s failed (%s); reloading %s", model_path, e, served_path)
         try:
-            with refit_reads():
+            with refit_reads(scale_name is not None):
                 ok, message = original(self, served_path, served_format, *args, **kwargs)
         except Exception as again:  # noqa: BLE001 - named below with both paths
             ok, message = False, str(again).splitlines()[0] if str(again) else type(again).__name__
