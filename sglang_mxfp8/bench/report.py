@@ -100,7 +100,7 @@ def value_text(rows: List[dict]) -> str:
 # a load's parts as the MXFP8 server logs them (bench.served.LOAD_SPLIT), in the order they happen
 _SPLIT_PARTS = (("read_s", "reading"), ("read_copy_s", "reading and copying"), ("copy_s", "copying"),
                 ("quantize_s", "quantizing"), ("check_s", "checks"), ("layout_s", "layouts"),
-                ("precompile_s", "precompiling"))
+                ("processing_s", "post-load processing"), ("precompile_s", "precompiling"))
 
 
 def load_split_text(split: Optional[dict]) -> str:
@@ -108,10 +108,9 @@ def load_split_text(split: Optional[dict]) -> str:
     before the finer split have reading and copying as one part, and post-load processing whole)."""
     if not split:
         return ""
-    parts = [(label, split[key]) for key, label in _SPLIT_PARTS if split.get(key)]
-    if "check_s" not in split and split.get("processing_s"):
-        parts.insert(-1 if parts and parts[-1][0] == "precompiling" else len(parts),
-                     ("post-load processing", split["processing_s"]))
+    whole = "check_s" not in split  # processing is checks plus layouts where the split has them
+    parts = [(label, split[key]) for key, label in _SPLIT_PARTS
+             if split.get(key) and (whole or key != "processing_s")]
     return "; MXFP8 server: " + ", ".join(f"{label} {value:.2f} s" for label, value in parts)
 
 

@@ -54,7 +54,6 @@ class ConversionReport:
     def reset(cls) -> None:
         cls.changed = cls.total = cls.layers = 0
         cls.processing_s = cls.check_s = cls.layout_s = cls.precompile_s = 0.0
-        LoadClock.reset()
 
     @classmethod
     def add(cls, stats, numel: int) -> None:

@@ -90,9 +90,7 @@ def postprocess_mxfp8_modules(model) -> int:
     from .loads import LoadClock
     from .quant_methods import ConversionReport
 
-    copy_s, quantize_s = LoadClock.copy_s, LoadClock.quantize_s
-    ConversionReport.reset()
-    LoadClock.copy_s, LoadClock.quantize_s = copy_s, quantize_s
+    ConversionReport.reset()  # the copies since the last post-processing stay on LoadClock
     start = time.perf_counter()
     count = 0
     for _, module in mxfp8_modules(model):
@@ -100,7 +98,8 @@ def postprocess_mxfp8_modules(model) -> int:
         count += 1
     if ConversionReport.total:
         logger.info(ConversionReport.line())
-        logger.info(ConversionReport.time_line(time.perf_counter() - start + copy_s + quantize_s, "tensor update"))
+        copied_s = LoadClock.copy_s + LoadClock.quantize_s
+        logger.info(ConversionReport.time_line(time.perf_counter() - start + copied_s, "tensor update"))
     LoadClock.reset()
     check_storage(model)
     return count

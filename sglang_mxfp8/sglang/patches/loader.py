@@ -51,6 +51,7 @@ def report_each_load() -> None:
         @functools.wraps(original)
         def load_weights_and_postprocess(model, weights, target_device):
             ConversionReport.reset()
+            LoadClock.reset()
             for module in model.modules():  # a failed load before this one may have left records behind
                 tracker = getattr(module, "mxfp8_loads", None)
                 if tracker is not None:
