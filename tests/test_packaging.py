@@ -12,25 +12,16 @@ pytestmark = pytest.mark.sglang  # CI runs these again with the newest SGLang
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_wheel_carries_startup_hook_and_entry_points(tmp_path):
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-        cwd=tmp_path,
-    )
-    wheel = next(tmp_path.glob("sglang_mxfp8-*.whl"))
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """This package's wheel, built once for the tests that read it."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(ROOT)], check=True, capture_output=True, cwd=out)
+    return next(out.glob("sglang_mxfp8-*.whl"))
+
+
+def test_wheel_carries_startup_hook_and_entry_points(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         assert "sglang_mxfp8.pth" in names
@@ -53,29 +44,12 @@ def test_hook_is_silent_where_the_package_is_gone(tmp_path):
     assert here.returncode == 0 and here.stdout.strip() == "True", here.stderr[-2000:]
 
 
-def test_the_supported_sglang_range_is_written_once_and_read_alike_everywhere(tmp_path):
+def test_the_supported_sglang_range_is_written_once_and_read_alike_everywhere(wheel):
     """sglang_mxfp8/__init__.py holds the range, so a new release that moved nothing is one line there: the wheel's
     serve extra and the CI script read it, README names the oldest only, ci/newest.txt only what the newest imports."""
     from sglang_mxfp8 import NEWEST_SGLANG, OLDEST_SGLANG
 
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-        cwd=tmp_path,
-    )
-    with zipfile.ZipFile(next(tmp_path.glob("sglang_mxfp8-*.whl"))) as z:
+    with zipfile.ZipFile(wheel) as z:
         metadata = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
     pins = [line for line in metadata.splitlines() if line.startswith("Requires-Dist: sglang")]
     assert pins == [f'Requires-Dist: sglang<={NEWEST_SGLANG},>={OLDEST_SGLANG}; extra == "serve"'], pins
