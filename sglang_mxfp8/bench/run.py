@@ -175,14 +175,13 @@ def with_overrides(suite: Suite, args) -> Suite:
 
 class BenchRun:
     """One ``sglang-mxfp8 bench`` run: its steps in order (the served comparison: model, then one session per server;
-    layers; GPU tests), what they hand one another (environment, checkpoints, sessions), its rows and its progress."""
+    layers; GPU tests), what they hand one another (environment, checkpoints), its rows and its progress."""
 
     def __init__(self, suite: Suite, routines: Sequence[str], args):
         self.suite, self.routines, self.args = suite, list(routines), args
         self.work = Path(args.workdir)
         self.command = "sglang-mxfp8 bench " + shlex.join(args.argv)
         self.env = self.results = self.pair = self.progress = None
-        self.sessions: list = []
         self.rows: List[dict] = []
         self.started = time.monotonic()
         self.served = [r for r in self.routines if r in SERVED]
@@ -275,7 +274,7 @@ class BenchRun:
         if self.pair is None:
             raise RuntimeError("no checkpoints to serve (the model step failed)")
         runner = Runner(self.env, self.pair, self.suite.serve, set(self.served), self.work / self.env.run, self.step)
-        self.sessions = runner.run(self.record)
+        runner.run(self.record)
 
     def _layers(self) -> None:
         import os
