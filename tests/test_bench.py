@@ -306,8 +306,9 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
         tensors[name], tensors[f"{name}_scale_inv"] = quantize_mxfp8(torch.randn(32, 64))
     save_file(tensors, str(mx / "model.safetensors"))
     pair = ServedPair(bf16, mx, "peer model", tokenizer=False)
-    opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8,
-                               port=_free_port(), refits=2, alternating_refits=3, tensor_refits=False)
+    opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8, prefill_len=96,
+                               prefill_prompts=2, port=_free_port(), refits=2, alternating_refits=3,
+                               tensor_refits=False)
     monkeypatch.setattr(served.Runner, "_server", lambda self, name, ckpt, flags, env: PeerServer(
         name, ckpt, flags, self.opts.port, self.work / "logs"))
     steps = []
@@ -322,6 +323,9 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     assert throughput.flags == f"{RECOMMENDED_FLAGS} --enable-return-routed-experts"  # what every server ran with
     assert "--dataset-name random-ids" in throughput.extra["load"] and throughput.extra["prompts"] == 8
     assert by[("decode latency, batch 1", 1)].mxfp8 > 0 and by[("first start", None)].bf16 > 0
+    prefill = by[("time to first token, 96-token prompt", 1)]
+    assert prefill.mxfp8 > 0 and prefill.bf16 > 0
+    assert "--random-input-len 96 --random-output-len 1 " in prefill.extra["load"]
     warm = by[("refit from disk, page cache warm", None)]
     assert 0.25 < warm.mxfp8 < 5 and warm.extra["mxfp8_server_split"] == {
         "load_s": 0.3, "read_s": 0.09, "copy_s": 0.09, "quantize_s": 0.0, "processing_s": 0.12, "check_s": 0.03,

@@ -106,6 +106,7 @@ def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions
     if "serve" in routines:
         per += 12 + sum(8 + -(-serve.prompts.get(c, 2 * c) // c) * (serve.output_len * 0.012 + 0.004 * c)
                         for c in serve.concurrency)
+        per += (8 + 0.3 * serve.prefill_prompts) if serve.prefill_len else 0
     if "routing" in routines:
         per += 5
     alternating = 0.0

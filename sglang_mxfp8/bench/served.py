@@ -50,6 +50,8 @@ class ServeOptions:
     prompts: Dict[int, int] = field(default_factory=lambda: {1: 4, 16: 32, 128: 128})  # requests per concurrency
     input_len: int = 1024
     output_len: int = 256
+    prefill_len: int = 4096  # time to first token of prompts this long, one at a time (0: not measured)
+    prefill_prompts: int = 4
     mx_flags: Tuple[str, ...] = (RECOMMENDED_FLAGS,)
     server_flags: str = ""  # for every server (e.g. an attention backend this machine has)
     restart: bool = False  # start each server again on the caches its first start left
@@ -72,6 +74,7 @@ class Session:
     start_s: Optional[float] = None
     restart_s: Optional[float] = None
     serve: Dict[int, dict] = field(default_factory=dict)  # concurrency -> bench_serving's result line
+    prefill: Optional[dict] = None  # bench_serving's result line for long prompts, one at a time
     outputs: Optional[list] = None  # greedy outputs on ACCURACY_PROMPTS
     forced: Optional[dict] = None  # teacher-forced on BF16's outputs
     refit_s: List[float] = field(default_factory=list)
@@ -114,11 +117,11 @@ def bench_serving_argv(port: int, tokenizer: Path, concurrency: int, prompts: in
 
 
 def bench_serving(port: int, tokenizer: Path, concurrency: int, prompts: int, opts: ServeOptions, out: Path,
-                  output_len: Optional[int] = None) -> dict:
+                  output_len: Optional[int] = None, input_len: Optional[int] = None) -> dict:
     """One run of ``sglang.bench_serving``: its JSON result line (output_throughput, median_tpot_ms, ...)."""
     out.unlink(missing_ok=True)
-    argv = bench_serving_argv(port, tokenizer, concurrency, prompts, opts.input_len, output_len or opts.output_len,
-                              out)
+    argv = bench_serving_argv(port, tokenizer, concurrency, prompts, input_len or opts.input_len,
+                              output_len or opts.output_len, out)
     p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if p.returncode != 0 or not out.is_file():
         raise RuntimeError(f"sglang.bench_serving at concurrency {concurrency} failed (exit {p.returncode}): "
@@ -410,6 +413,10 @@ class Runner:
             self.step(f"serve {name}: concurrency {c}")
             s.serve[c] = bench_serving(port, self.pair.bf16, c, self.opts.prompts.get(c, 2 * c), self.opts,
                                        self.work / f"serve_{tag}_c{c}.jsonl")
+        if self.opts.prefill_len:
+            self.step(f"serve {name}: {self.opts.prefill_len}-token prompts, one at a time")
+            s.prefill = bench_serving(port, self.pair.bf16, 1, self.opts.prefill_prompts, self.opts,
+                                      self.work / f"prefill_{tag}.jsonl", output_len=1, input_len=self.opts.prefill_len)
 
     def _accuracy(self, s: Session, name: str) -> None:
         self.step(f"accuracy {name}")
@@ -499,6 +506,11 @@ class Runner:
                     base["median_tpot_ms"], concurrency=1, extra=extra)
                 row("serve", "time to first token, one request", "ms", "lower", result["median_ttft_ms"],
                     base["median_ttft_ms"], concurrency=1, extra=extra)
+        if mx.prefill and b.prefill:
+            row("serve", f"time to first token, {self.opts.prefill_len}-token prompt", "ms", "lower",
+                mx.prefill["median_ttft_ms"], b.prefill["median_ttft_ms"], concurrency=1,
+                extra={"input_len": self.opts.prefill_len, "output_len": 1, "prompts": self.opts.prefill_prompts,
+                       "load": mx.prefill["command"]})
         if mx.refit_s and b.refit_s:
             row("refit", "refit from disk, page cache warm", "s", "lower", statistics.median(mx.refit_s),
                 statistics.median(b.refit_s), extra={"refits": len(mx.refit_s), "mxfp8_server_split": mx.refit_split})

@@ -22,7 +22,7 @@ def qwen3_moe_config(hidden=256, moe_intermediate=128, experts=8, top_k=2, layer
         "intermediate_size": 4 * hidden, "moe_intermediate_size": moe_intermediate, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
         "num_experts": experts, "num_experts_per_tok": top_k, "vocab_size": vocab,
-        "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "max_position_embeddings": 40960, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "rope_theta": 1e6,
         "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "tie_word_embeddings": False,
         "hidden_act": "silu", "attention_bias": False, "bos_token_id": 1, "eos_token_id": 2,
     }
