@@ -1,10 +1,10 @@
 """Test peer: a real HTTP server speaking the part of SGLang's HTTP contract the served benchmark routines use, so they
 run on a machine without a GPU against something that answers as SGLang does: /health_generate, /v1/models,
 /generate with input_ids (greedy tokens with their logprobs, input logprobs from logprob_start_len with the top
-token, streamed as server-sent events when asked, as SGLang's bench_serving reads them) and
-/update_weights_from_disk (refusing, as an MXFP8 server does, a folder that does not exist and one with an e4m3 weight
-without its scale or with a scale of the wrong shape, a float8 weight not e4m3, NaN e4m3 bytes, or a float weight
-holding NaN or Inf), /flush_cache; with
+token, streamed as server-sent events when asked, as SGLang's bench_serving reads them), /start_profile (a prefill and
+a decode trace written, as SGLang's profiler writes them by stage) and /update_weights_from_disk (refusing, as an
+MXFP8 server does, a folder that does not exist and one with an e4m3 weight without its scale or with a scale of the
+wrong shape, a float8 weight not e4m3, NaN e4m3 bytes, or a float weight holding NaN or Inf), /flush_cache; with
 return_routed_experts, the experts each token was routed to in each of LAYERS MoE
 layers (TOP_K each), base64 of int32 as SGLang's routing capture returns them.
 
@@ -37,6 +37,7 @@ REFIT_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.2
 LOG = sys.argv[4] if len(sys.argv) > 4 else None
 LOCK = threading.Lock()  # a refit holds it; every forward takes it
 TOKEN_S = 0.004  # a decode step's time, so that requests are still decoding when a refit arrives
+PROFILED_STEPS = 40
 
 
 def negated_shift(model_path):
@@ -99,6 +100,24 @@ def generated(ids, n):
     return out
 
 
+# kernels of a Qwen3-MoE forward under SGLang: attention, dense, MoE, other; microseconds per decode step (prefill: 8x)
+KERNELS = [("_fwd_grouped_kernel_stage1", 40), ("nvjet_tst_128x64_64x8_1x1_v_bz_TNT", 30 - 10 * (SHIFT > 0)),
+           ("fused_moe_kernel", 120 - 40 * (SHIFT > 0)), ("void flashinfer::norm::FusedAddRMSNormKernel<8u, bf16>", 5)]
+
+
+def write_traces(out_dir):
+    """A torch.profiler chrome trace per stage (gzipped, as SGLang names them), PROFILED_STEPS steps of KERNELS."""
+    import gzip
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stage, per in (("EXTEND", 8), ("DECODE", 1)):
+        events = [{"ph": "X", "cat": "kernel", "name": name, "ts": i, "dur": us * per}
+                  for i in range(PROFILED_STEPS) for name, us in KERNELS]
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 999})
+        with gzip.open(out_dir / f"1700000000.1-TP-0-{stage}.trace.json.gz", "wt") as f:
+            json.dump({"traceEvents": events}, f)
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -144,6 +163,9 @@ class Handler(BaseHTTPRequestHandler):
         req = json.loads(self.rfile.read(length)) if length else {}
         if self.path == "/flush_cache":
             return self._send({})
+        if self.path == "/start_profile":  # the traces SGLang's profiler writes by stage, once the load has run
+            threading.Timer(0.5, write_traces, (Path(req["output_dir"]),)).start()
+            return self._send({"success": True, "message": "Succeeded"})
         if self.path == "/update_weights_from_disk":
             refused = refusal(req["model_path"])
             if refused:  # as the plugin refuses it; nothing changes

@@ -201,6 +201,7 @@ def test_dry_run_lists_each_step_without_torch_or_a_gpu(tmp_path):
     out = p.stdout
     assert "[1] model" in out and "[2] servers" in out and "[3] layers" in out and "[4] tests" in out
     assert "--dataset-name random-ids --tokenize-prompt" in out and "--max-concurrency 128" in out
+    assert "time to first token: 4 prompts of 4096 tokens, one at a time" in out and "/start_profile" not in out
     assert "launch: python -m sglang.launch_server --model-path CKPT --port 30700 --attention-backend triton" in out
     assert out.strip().endswith("RC 0 TORCH False SGLANG False")
 
@@ -307,8 +308,8 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     save_file(tensors, str(mx / "model.safetensors"))
     pair = ServedPair(bf16, mx, "peer model", tokenizer=False)
     opts = served.ServeOptions(concurrency=(1, 4), prompts={1: 2, 4: 8}, input_len=32, output_len=8, prefill_len=96,
-                               prefill_prompts=2, port=_free_port(), refits=2, alternating_refits=3,
-                               tensor_refits=False)
+                               prefill_prompts=2, profile_concurrency=4, port=_free_port(), refits=2,
+                               alternating_refits=3, tensor_refits=False)
     monkeypatch.setattr(served.Runner, "_server", lambda self, name, ckpt, flags, env: PeerServer(
         name, ckpt, flags, self.opts.port, self.work / "logs"))
     steps = []
@@ -326,6 +327,12 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     prefill = by[("time to first token, 96-token prompt", 1)]
     assert prefill.mxfp8 > 0 and prefill.bf16 > 0
     assert "--random-input-len 96 --random-output-len 1 " in prefill.extra["load"]
+    moe, dense = by[("decode GPU time per step, moe", 4)], by[("decode GPU time per step, dense", 4)]
+    mx_moe, mx_dense = (0.12, 0.03) if same else (0.08, 0.02)  # the peers' kernels (tests/sglang_test_peer.py)
+    assert (moe.mxfp8, moe.bf16, dense.mxfp8, dense.bf16) == (mx_moe, 0.12, mx_dense, 0.03)
+    assert by[("prefill GPU time, attention", 4)].mxfp8 == 40 * 8 * 40 / 1000  # all 40 prefill steps' ms
+    assert by[("decode GPU time per step, other", 4)].extra["mxfp8"]["other_kernels_ms"] == {
+        "void flashinfer::norm::FusedAddRMSNormKernel<8u, bf16>": 0.005}
     warm = by[("refit from disk, page cache warm", None)]
     assert 0.25 < warm.mxfp8 < 5 and warm.extra["mxfp8_server_split"] == {
         "load_s": 0.3, "read_s": 0.09, "copy_s": 0.09, "quantize_s": 0.0, "processing_s": 0.12, "check_s": 0.03,

@@ -48,7 +48,9 @@ SUITES = {
         SUITE_ROUTINES,
         LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
         ServeOptions(
-            prompts={1: 16, 16: 128, 128: 512},
+            concurrency=(1, 16, 128, 512),
+            prompts={1: 16, 16: 128, 128: 512, 512: 1024},
+            profile_concurrency=128,
             mx_flags=(RECOMMENDED_FLAGS, "--fp8-gemm-backend auto --moe-runner-backend auto"),
             restart=True,
             cold_refit=True,
@@ -107,6 +109,7 @@ def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions
         per += 12 + sum(8 + -(-serve.prompts.get(c, 2 * c) // c) * (serve.output_len * 0.012 + 0.004 * c)
                         for c in serve.concurrency)
         per += (8 + 0.3 * serve.prefill_prompts) if serve.prefill_len else 0
+        per += 25 if serve.profile_concurrency else 0
     if "routing" in routines:
         per += 5
     alternating = 0.0
@@ -253,6 +256,12 @@ class BenchRun:
             lines += [f"  load at concurrency {c}: python -m " + shlex.join(bench_serving_argv(
                 serve.port, Path("BF16_CKPT"), c, serve.prompts.get(c, 2 * c), serve.input_len, serve.output_len,
                 Path("OUT.jsonl"))[2:]) for c in serve.concurrency]
+            if serve.prefill_len:
+                lines.append(f"  time to first token: {serve.prefill_prompts} prompts of {serve.prefill_len} tokens, "
+                             "one at a time")
+            if serve.profile_concurrency:
+                lines.append(f"  profile: SGLang's /start_profile by stage during a load at concurrency "
+                             f"{serve.profile_concurrency}; GPU time in attention, dense, MoE and other kernels")
         if "routing" in served:
             lines.append(f"  routing: every server launched with {ROUTING_FLAG}; the experts captured on 8 prompts, "
                          "MXFP8's against BF16's")

@@ -33,6 +33,7 @@ import requests
 
 from ..flags import RECOMMENDED_FLAGS
 from .models import ServedPair, negated
+from .profile import CATEGORIES, profile_under_load
 from .refusals import SERVER_ENV, RefitSequence, quick_steps, summary, update_weights_from_disk
 from .rows import Environment, Row, measurement
 from .trainer import tensor_refit
@@ -41,6 +42,7 @@ from .trainer import tensor_refit
 CACHE_VARS = {"FLASHINFER_WORKSPACE_BASE": "flashinfer", "TRTLLM_DG_CACHE_DIR": "trtllm_deep_gemm",
               "DG_JIT_CACHE_DIR": "deep_gemm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
 ROUTING_FLAG = "--enable-return-routed-experts"  # SGLang's routing capture, on every server of a routing run
+PROFILED_DECODE_STEPS = 40
 ACCURACY_PROMPTS = [[17 + 97 * i + j * (31 + i) for j in range(24)] for i in range(8)]  # fixed token ids, 24 each
 
 
@@ -52,6 +54,7 @@ class ServeOptions:
     output_len: int = 256
     prefill_len: int = 4096  # time to first token of prompts this long, one at a time (0: not measured)
     prefill_prompts: int = 4
+    profile_concurrency: int = 0  # profile the prefill and decode steps of one load at this concurrency (0: none)
     mx_flags: Tuple[str, ...] = (RECOMMENDED_FLAGS,)
     server_flags: str = ""  # for every server (e.g. an attention backend this machine has)
     restart: bool = False  # start each server again on the caches its first start left
@@ -75,6 +78,7 @@ class Session:
     restart_s: Optional[float] = None
     serve: Dict[int, dict] = field(default_factory=dict)  # concurrency -> bench_serving's result line
     prefill: Optional[dict] = None  # bench_serving's result line for long prompts, one at a time
+    profile: Optional[dict] = None  # stage -> GPU time per kernel category (profile.profile_under_load)
     outputs: Optional[list] = None  # greedy outputs on ACCURACY_PROMPTS
     forced: Optional[dict] = None  # teacher-forced on BF16's outputs
     refit_s: List[float] = field(default_factory=list)
@@ -417,6 +421,13 @@ class Runner:
             self.step(f"serve {name}: {self.opts.prefill_len}-token prompts, one at a time")
             s.prefill = bench_serving(port, self.pair.bf16, 1, self.opts.prefill_prompts, self.opts,
                                       self.work / f"prefill_{tag}.jsonl", output_len=1, input_len=self.opts.prefill_len)
+        c = self.opts.profile_concurrency
+        if c:
+            self.step(f"serve {name}: profiled at concurrency {c}")
+            argv = bench_serving_argv(port, self.pair.bf16, c, c, self.opts.input_len, PROFILED_DECODE_STEPS + 24,
+                                      self.work / f"profile_{tag}.jsonl")
+            s.profile = profile_under_load(port, argv, self.work / "profiles" / tag, steps=PROFILED_DECODE_STEPS)
+            s.profile["load"] = shlex.join(argv[1:])
 
     def _accuracy(self, s: Session, name: str) -> None:
         self.step(f"accuracy {name}")
@@ -511,6 +522,15 @@ class Runner:
                 mx.prefill["median_ttft_ms"], b.prefill["median_ttft_ms"], concurrency=1,
                 extra={"input_len": self.opts.prefill_len, "output_len": 1, "prompts": self.opts.prefill_prompts,
                        "load": mx.prefill["command"]})
+        if mx.profile and b.profile:
+            c = self.opts.profile_concurrency
+            for stage, metric, unit in (("prefill", "prefill GPU time", "ms"),
+                                        ("decode", "decode GPU time per step", "ms/step")):
+                for cat in CATEGORIES:
+                    row("serve", f"{metric}, {cat}", unit, "lower", mx.profile[stage][f"{cat}_ms"],
+                        b.profile[stage][f"{cat}_ms"], concurrency=c,
+                        extra={"input_len": self.opts.input_len, "prompts": c, "load": mx.profile["load"],
+                               "mxfp8": mx.profile[stage], "bf16": b.profile[stage]})
         if mx.refit_s and b.refit_s:
             row("refit", "refit from disk, page cache warm", "s", "lower", statistics.median(mx.refit_s),
                 statistics.median(b.refit_s), extra={"refits": len(mx.refit_s), "mxfp8_server_split": mx.refit_split})
