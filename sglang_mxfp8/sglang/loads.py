@@ -99,6 +99,10 @@ class LoadTracker:
                         f"{MX_BLOCK} along K), the checkpoint has {list(sc)}"
                     )
             start = time.perf_counter()
+            if p.is_cuda and not loaded_weight.is_cuda and loaded_weight.is_pinned():
+                # a page-locked read (format.reader): its copy to the GPU queued, not waited for, so the loader's next
+                # tensor overlaps it (torch's pinned allocator keeps the buffer until the copy is done)
+                loaded_weight = loaded_weight.to(p.device, non_blocking=True)
             try:
                 return original(p, loaded_weight, *args, **kwargs)
             finally:
