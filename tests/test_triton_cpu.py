@@ -392,3 +392,60 @@ def test_moe_kernels_compile_for_sm90_with_tensor_core_dots():
     assert [(kind, rows, dot) for kind, rows, _, dot in lines] == [
         ("w8a8", "16", "mma"), ("w8a8", "16", "mma"), ("w8a8", "64", "wgmma"), ("w8a8", "64", "wgmma")]
     assert all(int(size) > 10_000 for _, _, size, _ in lines)  # cubins, not empty modules
+
+
+BLOCK_SCALES = r"""
+import torch
+from sglang_mxfp8.layouts.hopper_triton import to_block_scales_
+from sglang_mxfp8.format.numerics import block_exponents, count_shifted, quantize_mxfp8
+
+def both(q, s, br):
+    # the GPU kernel (interpreted) against the torch conversion, on copies of the same bytes
+    nonzero = ((q.view(torch.uint8) & 0x7F).reshape(q.shape[0], -1, 32).amax(-1) > 0)
+    ref_q, got_q = q.clone(), q.clone()
+    ref_e = block_exponents(ref_q, s, br, nonzero)
+    ref_changed = int(count_shifted(ref_q, s, ref_e, br))
+    got_e = torch.full_like(ref_e, 12345)
+    got_changed = int(to_block_scales_(got_q, s, nonzero, br, got_e))
+    assert torch.equal(got_e, ref_e), (br, (got_e != ref_e).nonzero()[:4])
+    bad = (got_q.view(torch.uint8) != ref_q.view(torch.uint8)).nonzero()
+    assert len(bad) == 0, (br, [(int(q.view(torch.uint8)[i, j]), int(got_q.view(torch.uint8)[i, j]),
+                                 int(ref_q.view(torch.uint8)[i, j])) for i, j in bad[:4]])
+    assert got_changed == ref_changed, (got_changed, ref_changed)
+    return ref_changed
+
+# every e4m3 byte but the two NaNs, moved down by 0..20 places: rows of 4 sub-blocks, the first at exponent 30 (the
+# block's), the other three at 30 - d
+codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+codes = torch.cat([codes, codes[:2]])  # 256: 8 chunks of 32
+rows, scales = [], []
+for d in range(21):
+    for chunk in codes.view(8, 32):
+        rows.append(chunk.repeat(4))
+        scales.append(torch.tensor([127 + 30] + [127 + 30 - d] * 3, dtype=torch.uint8))
+q = torch.stack(rows).view(torch.float8_e4m3fn)
+s = torch.stack(scales)
+changed = {br: both(q, s, br) for br in (1, 128)}
+assert changed[1] == changed[128] > 0
+# random weights: rows and K not multiples of the tiles, whole zero sub-blocks under large scale bytes (which must not
+# set a block's exponent), rows of very different magnitudes (so elements fall into the subnormals), -0 kept
+torch.manual_seed(0)
+total = 0
+for r, k in [(200, 160), (256, 2048), (31, 96), (384, 352)]:
+    w = torch.randn(r, k) * torch.logspace(-6, 2, r)[:, None] * torch.logspace(0, -4, k)
+    w[::7, 32:64] = 0.0
+    w[3, :32] = -0.0
+    q, s = quantize_mxfp8(w)
+    s[::7, 1] = 250
+    for br in (1, 128):
+        total += both(q, s, br)
+assert total > 0
+print("ok", changed[1], total)
+"""
+
+
+def test_interpreted_block_scale_conversion_matches_the_torch_conversion_bit_for_bit():
+    p = run_python(BLOCK_SCALES, {"TRITON_INTERPRET": "1"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ok, exhaustive, random = p.stdout.split()[-3:]
+    assert ok == "ok" and int(exhaustive) > 1000 and int(random) > 0, p.stdout

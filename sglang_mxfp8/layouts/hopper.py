@@ -119,9 +119,14 @@ class BlockScaleConverter:
 
     def _convert_whole(self, w: torch.Tensor, s: torch.Tensor, nonzero: torch.Tensor) -> int:
         """Every block reloaded (a whole refit), row blocks aligned with the groups: ``w [G * R, K]`` converted as one
-        matrix, in steps of whole row blocks, each step's rows a view written in place; one host sync at the end."""
+        matrix (on a GPU in one kernel; on the CPU in steps of whole row blocks, each step's rows a view written in
+        place); one host sync at the end."""
         br = self.block_rows
         exps = self._exps.view(-1, self._exps.shape[-1])
+        if w.is_cuda:  # one Triton pass over the weight, bit for bit the steps below
+            from .hopper_triton import to_block_scales_
+
+            return int(to_block_scales_(w, s, nonzero, br, exps))
         step = max(1, _CONVERT_CHUNK_ELEMENTS // (br * self.k)) * br
         changed = torch.zeros((), dtype=torch.int64, device=w.device)
         for r0 in range(0, w.shape[0], step):

@@ -744,3 +744,28 @@ def test_gpt_oss_20b_moe_layer_weights_stay_under_055x_bf16():
     print(f"gpt-oss-20b MoE layer: {ratio:.4f}x BF16 ({plan.base.name})")
     assert plan.base.name == "triton_w8a8_moe" and 0.5 < ratio <= 0.55, ratio
     del state, s13, s2
+
+
+@pytest.mark.parametrize("groups,rows,k,block_rows", [(1, 5120, 2048, 128), (1, 1000, 2080, 128), (1, 200, 352, 1),
+                                                      (16, 1536, 2048, 128), (4, 256, 768, 1)])
+def test_block_scale_conversion_on_the_gpu_equals_the_cpu_conversion(groups, rows, k, block_rows):
+    """A whole load's conversion (layouts.hopper_triton's kernel) gives the CPU steps' bytes and scales exactly, on
+    weights whose rows span 10 binary orders (so elements fall into e4m3's subnormals), with zero sub-blocks; a second
+    refresh changes nothing."""
+    from sglang_mxfp8.layouts.hopper import BlockScaleConverter
+
+    g = torch.Generator().manual_seed(rows + k)
+    w = torch.randn(groups, rows, k, generator=g) * torch.logspace(-8, 2, rows)[None, :, None]
+    w[:, ::5, 64:96] = 0.0
+    q, s = quantize_mxfp8(w)
+    done = {}
+    for device in ("cpu", "cuda"):
+        qd, sd = q.to(device), s.to(device)
+        conv = BlockScaleConverter(groups, rows, k, block_rows, device, "w")
+        stats = conv.refresh(qd, sd)
+        before = qd.clone()
+        assert conv.refresh(qd, sd).converted_rows == 0 and torch.equal(qd.view(torch.uint8), before.view(torch.uint8))
+        done[device] = (qd.cpu(), conv.block_scale.cpu(), stats.changed_elements)
+    (cq, cs, cchanged), (gq, gs, gchanged) = done["cpu"], done["cuda"]
+    assert torch.equal(gq.view(torch.uint8), cq.view(torch.uint8)) and torch.equal(gs, cs)
+    assert gchanged == cchanged
