@@ -334,6 +334,8 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     assert by[("decode GPU time per step, other", 4)].extra["mxfp8"]["other_kernels_ms"] == {
         "void flashinfer::norm::FusedAddRMSNormKernel<8u, bf16>": 0.005}
     warm = by[("refit from disk, page cache warm", None)]
+    assert len(warm.extra["mxfp8_s"]) == len(warm.extra["bf16_s"]) == 2  # each refit's time, the median the figure
+    assert warm.mxfp8 == pytest.approx(sum(warm.extra["mxfp8_s"]) / 2, abs=1e-5)
     assert 0.25 < warm.mxfp8 < 5 and warm.extra["mxfp8_server_split"] == {
         "load_s": 0.3, "read_s": 0.09, "copy_s": 0.09, "quantize_s": 0.0, "processing_s": 0.12, "check_s": 0.03,
         "layout_s": 0.09, "precompile_s": 0.0, "peak_gib": 0.25}
