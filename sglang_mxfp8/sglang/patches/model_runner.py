@@ -23,6 +23,7 @@ import logging
 
 from ...format.checkpoint import refused_update
 from ...compat import model_runner_of, sglang_object
+from ..loads import LoadClock
 from ..patching import replace, target
 from ..weights import FROM_TENSORS, postprocess_mxfp8_modules, refit_rollback, scale_name_of, torch_state_kept
 
@@ -80,6 +81,8 @@ def _checked_and_marking(original):
         scale_name = scale_name_of(runner.model)
         if scale_name is None:  # no MXFP8 layer: SGLang's update as shipped
             return original(self, named_tensors, load_format, *args, **kwargs)
+        if not getattr(runner, "_sglang_mxfp8_pending", False):
+            LoadClock.reset()  # an update's first call: its peak memory counts from here, not from the forwards before
         with torch_state_kept("update_weights_from_tensor"):
             if load_format in (None, "direct", "flattened_bucket") and named_tensors:
                 if load_format == "flattened_bucket":  # a trainer's bucket: one flat tensor and where each lies in it
