@@ -165,6 +165,7 @@ def test_suites_cover_every_routine_and_quick_stays_small():
     assert quick.serve.concurrency == (1, 16, 128) and quick.serve.mx_flags == (RECOMMENDED_FLAGS,)
     assert quick.tests and full.tests is None and full.layers.sets == ("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")
     assert not quick.serve.restart and full.serve.restart and full.serve.gsm8k_questions == 1319
+    assert quick.serve.gsm8k_questions == 250  # where --model has a tokenizer: never on the generated random model
     assert quick.model_layers == 4 and full.model_layers == 16  # a first start grows with the layers
 
 
@@ -202,6 +203,7 @@ def test_dry_run_lists_each_step_without_torch_or_a_gpu(tmp_path):
     assert "[1] model" in out and "[2] servers" in out and "[3] layers" in out and "[4] tests" in out
     assert "--dataset-name random-ids --tokenize-prompt" in out and "--max-concurrency 128" in out
     assert "time to first token: 4 prompts of 4096 tokens, one at a time" in out and "/start_profile" not in out
+    assert "gsm8k (250 questions) where the model has a tokenizer" in out
     assert "launch: python -m sglang.launch_server --model-path CKPT --port 30700 --attention-backend triton" in out
     assert out.strip().endswith("RC 0 TORCH False SGLANG False")
 

@@ -42,8 +42,9 @@ class Suite:
 SUITES = {
     # under 9 minutes on one H100 / H200, to fit one GPU command: each server started once on empty caches (the
     # recommended flags against BF16), on a 4-layer model (a first start grows by about 5.5 s a layer; the full suite
-    # serves 16)
-    "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(), 4, SMOKE_TESTS),
+    # serves 16); gsm8k (250 questions) only where --model is a real checkpoint with its tokenizer
+    "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(gsm8k_questions=250), 4,
+                   SMOKE_TESTS),
     "full": Suite(
         SUITE_ROUTINES,
         LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
@@ -262,6 +263,11 @@ class BenchRun:
             if serve.profile_concurrency:
                 lines.append(f"  profile: SGLang's /start_profile by stage during a load at concurrency "
                              f"{serve.profile_concurrency}; GPU time in attention, dense, MoE and other kernels")
+        if "accuracy" in served:
+            gsm8k = (f"; gsm8k ({serve.gsm8k_questions} questions) where the model has a tokenizer"
+                     if serve.gsm8k_questions else "")
+            lines.append("  accuracy: greedy outputs on 8 fixed prompts, MXFP8's read against BF16's and "
+                         f"teacher-forced on them{gsm8k}")
         if "routing" in served:
             lines.append(f"  routing: every server launched with {ROUTING_FLAG}; the experts captured on 8 prompts, "
                          "MXFP8's against BF16's")
