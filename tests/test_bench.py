@@ -415,3 +415,17 @@ def test_a_trainers_buckets_hold_the_checkpoints_tensors_in_order_each_within_it
     got = [[n for n, _ in group] for group in buckets(mx, bucket_bytes=2100)]  # one weight (2048 B) a bucket
     assert [n for group in got for n in group] == sorted(pairs) and all(
         group == [group[0], group[0] + "_scale_inv"] for group in got), got
+
+
+def test_a_generated_model_the_disk_cannot_hold_is_refused_before_anything_is_written(tmp_path):
+    """The sizes are those the bench's trainer sent for the 4-layer model on an H100 (BF16 and MXFP8 bytes); a model
+    too large for the work folder's disk is refused at once, with the layers that fit."""
+    from sglang_mxfp8.bench.models import ModelError, generated, generated_bytes
+
+    assert generated_bytes(4) == (6229628928, 3816069120)
+    bf16_48, mx_48 = generated_bytes(48)
+    assert 61e9 < bf16_48 < 61.1e9 and 32e9 < mx_48 < 32.2e9  # Qwen3-30B-A3B's 48 layers: 93 GB for both
+    with pytest.raises(ModelError, match=r"--layers 100000: .* need [\d.]+ GB more on disk, .* GB free \(enough for "
+                                         r"\d+ layers\); pass --layers \d+ or a --workdir on a larger disk"):
+        generated(tmp_path / "work", 100000)
+    assert list(tmp_path.iterdir()) == []

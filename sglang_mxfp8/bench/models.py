@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 # Qwen3-30B-A3B's layer shapes (hidden 2048, 128 experts of intermediate 768, top-8; 32 query and 4 key/value heads)
 QWEN3_30B_A3B = dict(hidden=2048, moe_intermediate=768, experts=128, top_k=8, heads=32, kv_heads=4, head_dim=128,
@@ -56,14 +57,44 @@ def _layers_of(ckpt: Path) -> Optional[int]:
     return json.loads(cfg.read_text()).get("num_hidden_layers") if cfg.is_file() else None
 
 
+def generated_bytes(layers: int) -> Tuple[int, int]:
+    """Bytes on disk of the generated model of ``layers`` layers: (BF16, its MXFP8 conversion). Embeddings, the output
+    head, norms and the router stay BF16; attention and expert weights become e4m3 with one scale byte per 32."""
+    d = QWEN3_30B_A3B
+    h, hd = d["hidden"], d["head_dim"]
+    kept = 2 * d["vocab"] * h + h  # embeddings, output head, final norm
+    layer_kept = d["experts"] * h + 2 * h + 2 * hd  # router, two norms, q/k norms
+    layer_mx = (2 * d["heads"] + 2 * d["kv_heads"]) * hd * h + 3 * d["experts"] * d["moe_intermediate"] * h
+    bf16 = 2 * (kept + layers * (layer_kept + layer_mx))
+    mxfp8 = 2 * (kept + layers * layer_kept) + layers * (layer_mx + layer_mx // 32)
+    return bf16, mxfp8
+
+
+def _check_disk(folder: Path, layers: int, need: int) -> None:
+    """Refuse, before writing anything, a generated model the disk under ``folder`` cannot hold."""
+    where = next(p for p in (folder, *folder.parents) if p.exists())
+    free = shutil.disk_usage(where).free
+    if need <= free:
+        return
+    per_layer = sum(generated_bytes(1)) - sum(generated_bytes(0))
+    fits = max(0, (free - sum(generated_bytes(0))) // per_layer)
+    raise ModelError(f"--layers {layers}: the generated model and its MXFP8 conversion need {need / 1e9:.1f} GB more "
+                     f"on disk, {where} has {free / 1e9:.1f} GB free (enough for {fits} layers); pass --layers {fits} "
+                     "or a --workdir on a larger disk")
+
+
 def generated(root: Path, layers: int, seed: int = 0) -> ServedPair:
     """A Qwen3-30B-A3B-shaped model of ``layers`` layers (random weights drawn on the GPU) and its MXFP8 conversion
-    (quantized on the GPU, the converter's numbers), written once under ``root`` and reused."""
+    (quantized on the GPU, the converter's numbers), written once under ``root`` and reused; refused first where the
+    disk cannot hold them."""
     from .tiny_model import write_qwen3_moe
     from ..format.convert import convert
 
     folder = Path(root) / f"qwen3-30b-a3b-shaped-{layers}l-seed{seed}"
     bf16, mx = folder / "bf16", folder / "mxfp8"
+    need_bf16, need_mx = generated_bytes(layers)
+    _check_disk(folder, layers, (need_bf16 if _layers_of(bf16) != layers else 0)
+                + (need_mx if _layers_of(mx) != layers else 0))
     if _layers_of(bf16) != layers or not (bf16 / "tokenizer.json").is_file():
         print(f"bench: writing a random Qwen3-30B-A3B-shaped model of {layers} layers to {bf16}", flush=True)
         write_qwen3_moe(bf16, seed=seed, layers=layers, device="cuda", **QWEN3_30B_A3B)
