@@ -20,7 +20,6 @@ without its weight, cannot be made right from what is in memory and raises
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
@@ -30,8 +29,6 @@ from ..format.checkpoint import validate_loaded
 from ..format.numerics import MX_BLOCK, block_exponents, count_shifted, exponents_to_scales, shift_to_block_exponents
 from .fingerprints import PartialReloadError, row_fingerprints
 
-logger = logging.getLogger("sglang_mxfp8")
-_TRITON_CONVERSION = {"usable": True}  # until the kernel fails to build in this process
 _CONVERT_CHUNK_ELEMENTS = 1 << 24  # a whole-weight conversion's step: ~0.4 GB of float32 temporaries at most
 
 
@@ -126,18 +123,10 @@ class BlockScaleConverter:
         place); one host sync at the end."""
         br = self.block_rows
         exps = self._exps.view(-1, self._exps.shape[-1])
-        if w.is_cuda and _TRITON_CONVERSION["usable"]:  # one Triton pass over the weight, bit for bit the steps below
+        if w.is_cuda:  # one Triton pass over the weight, bit for bit the steps below (tests/gpu checks every byte)
             from .hopper_triton import to_block_scales_
 
-            try:
-                changed = to_block_scales_(w, s, nonzero, br, exps)
-            except Exception as e:  # noqa: BLE001 - a Triton that cannot build or launch it writes nothing
-                _TRITON_CONVERSION["usable"] = False
-                first_line = (str(e).splitlines() or [""])[0]
-                logger.warning("sglang_mxfp8: the Triton block-scale conversion failed (%s: %s); converting with "
-                               "torch, the same bits in more passes", type(e).__name__, first_line)
-            else:
-                return int(changed)
+            return int(to_block_scales_(w, s, nonzero, br, exps))
         step = max(1, _CONVERT_CHUNK_ELEMENTS // (br * self.k)) * br
         changed = torch.zeros((), dtype=torch.int64, device=w.device)
         for r0 in range(0, w.shape[0], step):
