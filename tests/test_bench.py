@@ -139,6 +139,18 @@ def test_agreement_on_a_generated_models_random_weights_sits_apart_from_accuracy
     assert generated_name(4) in near_ties.split("## Runs")[0] and "nothing about MXFP8's accuracy" in near_ties
 
 
+def test_a_suites_wall_time_names_the_routines_that_did_not_finish():
+    """A suite whose serve routine failed on a server took less time than the suite: its wall-time line says so."""
+    from sglang_mxfp8.bench.rows import measurement
+
+    whole, partial = (measurement(env(run), "suite", "quick suite wall time", "sglang-mxfp8 bench", "", "s", "lower",
+                                  seconds, None, extra={"not_run": not_run})
+                      for run, seconds, not_run in (("r1", 512.0, []),
+                                                    ("r2", 431.0, ["serve on BF16", "serve on MXFP8"])))
+    assert report.value_text([asdict(whole)]) == "512 s"
+    assert report.value_text([asdict(partial)]) == "431 s (did not finish: serve on BF16, serve on MXFP8)"
+
+
 def test_report_check_says_what_it_checked():
     """``bench report --check`` on the committed rows: exit 0 with one line naming what it compared."""
     p = _cli("bench", "report", "--check")
@@ -160,7 +172,8 @@ def test_suites_cover_every_routine_and_quick_stays_small():
     from sglang_mxfp8.bench.run import ROUTINES, SUITES
 
     assert set(ROUTINES) | {"suite"} == set(rows.ROUTINES)  # "suite": a whole suite's wall time
-    assert set(SUITES["quick"].routines) == set(SUITES["full"].routines) == set(ROUTINES) - {"routing"}
+    assert set(SUITES["full"].routines) == set(ROUTINES) - {"routing"}
+    assert set(SUITES["quick"].routines) == set(ROUTINES) - {"routing", "tests"}  # `bench tests` runs the smoke subset
     quick, full = SUITES["quick"], SUITES["full"]
     assert quick.serve.concurrency == (1, 16, 128) and quick.serve.mx_flags == (RECOMMENDED_FLAGS,)
     assert quick.tests and full.tests is None and full.layers.sets == ("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")
@@ -200,7 +213,7 @@ def test_dry_run_lists_each_step_without_torch_or_a_gpu(tmp_path):
     p = _cli("bench", "--dry-run", "--workdir", str(tmp_path), "--server-flags", "--attention-backend triton")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert "[1] model" in out and "[2] servers" in out and "[3] layers" in out and "[4] tests" in out
+    assert "[1] model" in out and "[2] servers" in out and "[3] layers" in out and "[4]" not in out
     assert "--dataset-name random-ids --tokenize-prompt" in out and "--max-concurrency 128" in out
     assert "time to first token: 4 prompts of 4096 tokens, one at a time" in out and "/start_profile" not in out
     assert "gsm8k (250 questions) where the model has a tokenizer" in out
@@ -300,7 +313,8 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     bf16 = tmp_path / "bf16"
     write_word_tokenizer(bf16, 1000)
     (bf16 / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "vocab_size": 1000,
-                                                  "num_experts_per_tok": 2, "num_hidden_layers": 2}))
+                                                  "num_experts_per_tok": 2, "num_hidden_layers": 2,
+                                                  "max_position_embeddings": 64 if same else 4096}))
     mx = tmp_path / mx_name  # two MXFP8 weights with their scales: bench spoils one in every way a refit is refused
     mx.mkdir()
     shutil.copy2(bf16 / "config.json", mx / "config.json")
@@ -319,16 +333,20 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
                            steps.append)
     recorded = []
     sessions = runner.run(recorded.extend)
-    assert [s.name for s in sessions] == ["BF16", "MXFP8"] and "serve MXFP8: concurrency 4" in steps
+    assert [s.name for s in sessions] == ["BF16", "MXFP8"]
+    assert ("serve MXFP8: warm-up, concurrency 1, 4" + ("" if same else ", 96-token prompts one at a time")) in steps
     by = {(r.metric, r.concurrency): r for r in recorded}
     throughput = by[("output throughput", 4)]
     assert throughput.mxfp8 > 0 and throughput.bf16 > 0
     assert throughput.flags == f"{RECOMMENDED_FLAGS} --enable-return-routed-experts"  # what every server ran with
     assert "--dataset-name random-ids" in throughput.extra["load"] and throughput.extra["prompts"] == 8
     assert by[("decode latency, batch 1", 1)].mxfp8 > 0 and by[("first start", None)].bf16 > 0
-    prefill = by[("time to first token, 96-token prompt", 1)]
-    assert prefill.mxfp8 > 0 and prefill.bf16 > 0
-    assert "--random-input-len 96 --random-output-len 1 " in prefill.extra["load"]
+    prefill = by.get(("time to first token, 96-token prompt", 1))
+    if same:  # a model of 64 positions takes no 96-token prompt: not measured
+        assert prefill is None
+    else:
+        assert prefill.mxfp8 > 0 and prefill.bf16 > 0
+        assert "--random-input-len 96 --random-output-len 1 " in prefill.extra["load"]
     moe, dense = by[("decode GPU time per step, moe", 4)], by[("decode GPU time per step, dense", 4)]
     mx_moe, mx_dense = (0.12, 0.03) if same else (0.08, 0.02)  # the peers' kernels (tests/sglang_test_peer.py)
     assert (moe.mxfp8, moe.bf16, dense.mxfp8, dense.bf16) == (mx_moe, 0.12, mx_dense, 0.03)
@@ -341,6 +359,8 @@ def test_served_routines_pair_each_mxfp8_value_with_bf16s(tmp_path, monkeypatch,
     assert 0.25 < warm.mxfp8 < 5 and warm.extra["mxfp8_server_split"] == {
         "load_s": 0.3, "read_s": 0.09, "copy_s": 0.09, "quantize_s": 0.0, "processing_s": 0.12, "check_s": 0.03,
         "layout_s": 0.09, "precompile_s": 0.0, "peak_gib": 0.25}
+    peak = by[("peak memory during a refit", None)]
+    assert (peak.mxfp8, peak.bf16, peak.extra) == (0.25, None, {"disk": 0.25})  # no tensor refits in this run
     load = by[("requests failed during a refit", None)].extra
     assert load["failed"] == 0 and load["equal"] == load["equal_without_refit"] == load["requests"] == 32
     assert load["refit_s"] >= 0.3 and 0 < load["in_flight_at_refit"] <= 32

@@ -281,5 +281,6 @@ def estimate_s(opts: LayerOptions, sets: Sequence[str] = ()) -> float:
     shapes = 0
     for dense, moe in opts.shapes() if opts.model else [SETS[name] for name in opts.sets]:
         shapes += len(dense) + (3 if moe else 0)  # an MoE layer: slower timings and Triton compiles
-    per = 1.5 * (4 if opts.all_kernels else max(len(opts.dense_flags), len(opts.moe_flags)))
+    # a shape at one batch size, per flag value (H100: the quick suite's 3 shapes at 5 sizes, 2 MoE flags, took 62 s)
+    per = 1.0 * (4 if opts.all_kernels else max(len(opts.dense_flags), len(opts.moe_flags)))
     return 20 + shapes * len(opts.tokens) * per

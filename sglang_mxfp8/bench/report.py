@@ -92,7 +92,8 @@ def value_text(rows: List[dict]) -> str:
         return f"{ratios} at {points}{planned}"
     r = rows[0]
     if r["bf16"] is None:
-        return f"{_num(r['mxfp8'])} {r['unit']}"
+        unfinished = (r.get("extra") or {}).get("not_run")
+        return f"{_num(r['mxfp8'])} {r['unit']}" + (f" (did not finish: {', '.join(unfinished)})" if unfinished else "")
     split = load_split_text((r.get("extra") or {}).get("mxfp8_server_split"))
     return f"{r['ratio']:.2f}x ({_num(r['mxfp8'])} vs {_num(r['bf16'])} {r['unit']}{split})"
 

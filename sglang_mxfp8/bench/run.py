@@ -41,10 +41,11 @@ class Suite:
 
 SUITES = {
     # under 9 minutes on one H100 / H200, to fit one GPU command: each server started once on empty caches (the
-    # recommended flags against BF16), on a 4-layer model (a first start grows by about 5.5 s a layer; the full suite
-    # serves 16); gsm8k (250 questions) only where --model is a real checkpoint with its tokenizer
-    "quick": Suite(SUITE_ROUTINES, LayerOptions(tokens=(1, 16, 128, 1024, 8192)), ServeOptions(gsm8k_questions=250), 4,
-                   SMOKE_TESTS),
+    # recommended flags against BF16), on a 4-layer model (the full suite serves 16); gsm8k (250 questions) only where
+    # --model is a real checkpoint with its tokenizer. The GPU tests (about 2m15s on an H100 for the smoke subset, one
+    # figure) run in the full suite, or alone as `bench tests`: the figures users ask for first fit the 9 minutes
+    "quick": Suite(tuple(r for r in SUITE_ROUTINES if r != "tests"), LayerOptions(tokens=(1, 16, 128, 1024, 8192)),
+                   ServeOptions(gsm8k_questions=250), 4, SMOKE_TESTS),
     "full": Suite(
         SUITE_ROUTINES,
         LayerOptions(sets=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b")),
@@ -105,11 +106,12 @@ def _clock(seconds: float) -> str:
 
 def served_estimate(suite: Suite, routines: Sequence[str], layers: int, sessions: int, cached_model: bool) -> float:
     serve = suite.serve
-    per = 60 + 5.5 * layers  # a first start on empty caches (H100, 16 layers: 121-200 s)
+    per = 110 + 2.5 * layers  # a first start on empty caches (H100: 4 layers 127-147 s, 16 layers 121-200 s)
     if "serve" in routines:
-        per += 12 + sum(8 + -(-serve.prompts.get(c, 2 * c) // c) * (serve.output_len * 0.012 + 0.004 * c)
-                        for c in serve.concurrency)
-        per += (8 + 0.3 * serve.prefill_prompts) if serve.prefill_len else 0
+        # sglang.bench_serving's imports once, a warm-up, then each concurrency's requests
+        per += 10 + 12 + sum(2 + -(-serve.prompts.get(c, 2 * c) // c) * (serve.output_len * 0.012 + 0.004 * c)
+                             for c in serve.concurrency)
+        per += (2 + 0.3 * serve.prefill_prompts) if serve.prefill_len else 0
         per += 25 if serve.profile_concurrency else 0
     if "routing" in routines:
         per += 5
@@ -133,14 +135,15 @@ def gpu_tests(selection: Optional[str], timeout_s: int, record: Callable[[str, d
     if not folder.is_dir():
         print("bench: tests needs a clone of the repository (tests/gpu); skipped", flush=True)
         return
-    argv = [sys.executable, "-m", "pytest", "-q", "-rfs", str(folder)] + (["-k", selection] if selection else [])
+    argv = [sys.executable, "-m", "pytest", "-q", "-rfs", "--durations=8", str(folder)]
+    argv += ["-k", selection] if selection else []
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
         out = p.stdout
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         out += f"\n(stopped after {timeout_s} s)"
-    print("\n".join(out.strip().splitlines()[-12:]), flush=True)
+    print("\n".join(out.strip().splitlines()[-24:]), flush=True)  # the slowest tests, failures, counts
     counts = {word: int(n) for n, word in _counts(out)}
     record(shlex.join(argv[1:]), counts)
 
@@ -188,6 +191,7 @@ class BenchRun:
         self.command = "sglang-mxfp8 bench " + shlex.join(args.argv)
         self.env = self.results = self.pair = self.progress = None
         self.rows: List[dict] = []
+        self.not_run: List[str] = []  # steps, and routines inside a step, that did not finish
         self.started = time.monotonic()
         self.served = [r for r in self.routines if r in SERVED]
         self.steps = self._steps()
@@ -221,7 +225,7 @@ class BenchRun:
             layers = self.suite.layers
             steps.append(Step("layers", layer_routine.estimate_s(layers), self._layers, layer_routine.describe(layers)))
         if "tests" in self.routines:
-            steps.append(Step("tests", 90 if self.suite.tests else 900, self._tests,
+            steps.append(Step("tests", 135 if self.suite.tests else 900, self._tests,
                               ["GPU tests: python -m pytest -q tests/gpu" + (
                                   f" -k {shlex.quote(self.suite.tests)}" if self.suite.tests else "")]))
         return steps
@@ -290,7 +294,10 @@ class BenchRun:
         if self.pair is None:
             raise RuntimeError("no checkpoints to serve (the model step failed)")
         runner = Runner(self.env, self.pair, self.suite.serve, set(self.served), self.work / self.env.run, self.step)
-        runner.run(self.record)
+        try:
+            runner.run(self.record)
+        finally:
+            self.not_run += runner.failed
 
     def _layers(self) -> None:
         import os
@@ -329,11 +336,10 @@ class BenchRun:
         self.results = Path(self.args.results_dir) / f"{self.env.run}.jsonl"
         print(f"bench: run {self.env.run} on {gpu.label}; rows to {self.results}", flush=True)
         self.progress = Progress(self.steps)
-        skipped = []
         for step in self.steps:
             self.progress.begin()
             if time.monotonic() + step.estimate_s > self.deadline():
-                skipped.append(step.name)
+                self.not_run.append(step.name)
                 self.step(f"{step.name}: not started, the --time-limit would pass first")
                 continue
             self.step(step.name)
@@ -341,7 +347,7 @@ class BenchRun:
                 step.run()
             except Exception as e:  # noqa: BLE001 - one routine failing leaves the others' rows
                 print(f"bench: {step.name} failed: {type(e).__name__}: {e}", flush=True)
-                skipped.append(step.name)
+                self.not_run.append(step.name)
             self.progress.finish(step)
         wall_s = time.monotonic() - self.started
         if not self.args.routines:  # the whole suite: how long it took, first starts on empty caches included
@@ -349,13 +355,13 @@ class BenchRun:
 
             self.record([measurement(self.env, "suite", f"{self.args.suite} suite wall time", "sglang-mxfp8 bench", "",
                                      "s", "lower", wall_s, None,
-                                     extra={"steps": [s.name for s in self.steps], "not_run": skipped,
+                                     extra={"steps": [s.name for s in self.steps], "not_run": self.not_run,
                                             "model_layers": self.suite.model_layers})])
         print(f"bench: {len(self.rows)} rows in {self.results} ({_clock(wall_s)})"
-              + (f"; not run: {', '.join(skipped)}" if skipped else ""), flush=True)
+              + (f"; not run: {', '.join(self.not_run)}" if self.not_run else ""), flush=True)
         for path in report.plot(self.rows, self.work / self.env.run):
             print(f"bench: plot {path}", flush=True)
-        return 1 if skipped else 0
+        return 1 if self.not_run else 0
 
 
 def main(args) -> int:

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import requests
 
@@ -120,19 +120,44 @@ def bench_serving_argv(port: int, tokenizer: Path, concurrency: int, prompts: in
             "--output-file", str(out)]
 
 
-def bench_serving(port: int, tokenizer: Path, concurrency: int, prompts: int, opts: ServeOptions, out: Path,
-                  output_len: Optional[int] = None, input_len: Optional[int] = None) -> dict:
-    """One run of ``sglang.bench_serving``: its JSON result line (output_throughput, median_tpot_ms, ...)."""
-    out.unlink(missing_ok=True)
-    argv = bench_serving_argv(port, tokenizer, concurrency, prompts, input_len or opts.input_len,
-                              output_len or opts.output_len, out)
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=900)
-    if p.returncode != 0 or not out.is_file():
-        raise RuntimeError(f"sglang.bench_serving at concurrency {concurrency} failed (exit {p.returncode}): "
-                           f"{(p.stderr or p.stdout).strip().splitlines()[-1:]}")
-    result = json.loads(out.read_text().splitlines()[-1])
-    result["command"] = shlex.join(argv[1:])
-    return result
+# sglang.bench_serving's command line run once per argv in one interpreter: its imports (transformers, torch) load
+# once per server instead of once per concurrency
+SERVING_RUNS = """import json, runpy, sys
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["sglang.bench_serving", *argv]
+    runpy.run_module("sglang.bench_serving", run_name="__main__", alter_sys=True)
+"""
+
+
+@dataclass(frozen=True)
+class ServingRun:
+    """One run of ``sglang.bench_serving``: this many prompts at this concurrency, of these lengths."""
+
+    concurrency: int
+    prompts: int
+    input_len: int
+    output_len: int
+    out: Path
+
+
+def bench_serving(port: int, tokenizer: Path, runs: Sequence[ServingRun]) -> List[dict]:
+    """``runs`` of ``sglang.bench_serving``, in order, in one process: each run's JSON result line (output_throughput,
+    median_tpot_ms, ...) with its command."""
+    argvs = [bench_serving_argv(port, tokenizer, r.concurrency, r.prompts, r.input_len, r.output_len, r.out)[3:]
+             for r in runs]
+    for r in runs:
+        r.out.unlink(missing_ok=True)
+    p = subprocess.run([sys.executable, "-c", SERVING_RUNS, json.dumps(argvs)], capture_output=True, text=True,
+                       timeout=900 * len(runs))
+    results = []
+    for r, argv in zip(runs, argvs):
+        if not r.out.is_file():
+            raise RuntimeError(f"sglang.bench_serving at concurrency {r.concurrency} failed (exit {p.returncode}): "
+                               f"{(p.stderr or p.stdout).strip().splitlines()[-1:]}")
+        result = json.loads(r.out.read_text().splitlines()[-1])
+        result["command"] = shlex.join(["-m", "sglang.bench_serving", *argv])
+        results.append(result)
+    return results
 
 
 def generate(port: int, prompts, new_tokens: int, timeout: int = 300, **params) -> list:
@@ -354,6 +379,7 @@ class Runner:
                  step: Callable[[str], None]):
         self.env, self.pair, self.opts, self.routines, self.work, self.step = env, pair, opts, routines, work, step
         self.bf16: Optional[Session] = None
+        self.failed: List[str] = []  # "routine on server" that did not finish (a suite's wall-time row names them)
 
     def _server(self, name: str, ckpt: Path, flags: str, env: Dict[str, str]):
         from .serving import Server
@@ -386,6 +412,7 @@ class Runner:
                     run()
                 except Exception as e:  # noqa: BLE001 - one routine failing on a server leaves the others' figures
                     s.errors.append(f"{routine}: {type(e).__name__}: {e}")
+                    self.failed.append(f"{routine} on {name}")
                     print(f"bench: {routine} on {name} failed: {type(e).__name__}: {e}", flush=True)
         finally:
             server.stop()
@@ -410,17 +437,24 @@ class Runner:
 
     def _serve(self, s: Session, name: str) -> None:
         port, tag = self.opts.port, name.replace(" ", "_")
-        self.step(f"serve {name}: warm-up")
-        top = max(self.opts.concurrency)
-        bench_serving(port, self.pair.bf16, top, top, self.opts, self.work / f"warmup_{tag}.jsonl", output_len=16)
-        for c in self.opts.concurrency:
-            self.step(f"serve {name}: concurrency {c}")
-            s.serve[c] = bench_serving(port, self.pair.bf16, c, self.opts.prompts.get(c, 2 * c), self.opts,
-                                       self.work / f"serve_{tag}_c{c}.jsonl")
-        if self.opts.prefill_len:
-            self.step(f"serve {name}: {self.opts.prefill_len}-token prompts, one at a time")
-            s.prefill = bench_serving(port, self.pair.bf16, 1, self.opts.prefill_prompts, self.opts,
-                                      self.work / f"prefill_{tag}.jsonl", output_len=1, input_len=self.opts.prefill_len)
+        top, work = max(self.opts.concurrency), self.work
+        runs = [ServingRun(top, top, self.opts.input_len, 16, work / f"warmup_{tag}.jsonl")]
+        runs += [ServingRun(c, self.opts.prompts.get(c, 2 * c), self.opts.input_len, self.opts.output_len,
+                            work / f"serve_{tag}_c{c}.jsonl") for c in self.opts.concurrency]
+        what = f"warm-up, concurrency {', '.join(map(str, self.opts.concurrency))}"
+        positions = _text_config(self.pair.bf16).get("max_position_embeddings")
+        if self.opts.prefill_len and positions is not None and self.opts.prefill_len >= positions:
+            print(f"bench: {self.pair.name} takes {positions} positions, no {self.opts.prefill_len}-token prompt; time "
+                  "to first token of long prompts not measured", flush=True)
+        elif self.opts.prefill_len:
+            runs.append(ServingRun(1, self.opts.prefill_prompts, self.opts.prefill_len, 1,
+                                   work / f"prefill_{tag}.jsonl"))
+            what += f", {self.opts.prefill_len}-token prompts one at a time"
+        self.step(f"serve {name}: {what}")
+        results = bench_serving(port, self.pair.bf16, runs)
+        s.serve = dict(zip(self.opts.concurrency, results[1:1 + len(self.opts.concurrency)]))
+        if len(results) > 1 + len(self.opts.concurrency):
+            s.prefill = results[-1]
         c = self.opts.profile_concurrency
         if c:
             self.step(f"serve {name}: profiled at concurrency {c}")
@@ -486,6 +520,7 @@ class Runner:
                 mx = self.session(name, self.pair.mxfp8, flags)
             except Exception as e:  # noqa: BLE001 - a server that did not start: the next variant still runs
                 print(f"bench: {name} ({flags}) failed: {type(e).__name__}: {e}", flush=True)
+                self.failed.append(f"server {name}")
                 continue
             record(self.rows(mx))
             sessions.append(mx)
@@ -535,13 +570,18 @@ class Runner:
             row("refit", "refit from disk, page cache warm", "s", "lower", statistics.median(mx.refit_s),
                 statistics.median(b.refit_s), extra={"refits": len(mx.refit_s), "mxfp8_s": mx.refit_s,
                                                      "bf16_s": b.refit_s, "mxfp8_server_split": mx.refit_split})
-        row("refit", "refit from disk, page cache dropped", "s", "lower", mx.cold_refit_s, b.cold_refit_s)
+        row("refit", "refit from disk, page cache cold", "s", "lower", mx.cold_refit_s, b.cold_refit_s)
         if b.tensor_refit is not None:
-            for metric, refit in (("refit from a trainer's tensors, MXFP8", mx.tensor_refit),
-                                  ("refit from a trainer's tensors, BF16 quantized on the GPU", mx.bf16_tensor_refit)):
+            for metric, refit in (("update_weights_from_tensor, MXFP8 tensors", mx.tensor_refit),
+                                  ("update_weights_from_tensor, BF16 tensors", mx.bf16_tensor_refit)):
                 if refit is not None:
                     row("refit", metric, "s", "lower", refit["seconds"], b.tensor_refit["seconds"],
                         extra={"mxfp8": refit, "bf16": b.tensor_refit, "mxfp8_server_split": refit["server_split"]})
+        peaks = {source: split["peak_gib"] for source, split in (
+            ("disk", mx.refit_split), ("MXFP8 tensors", (mx.tensor_refit or {}).get("server_split")),
+            ("BF16 tensors", (mx.bf16_tensor_refit or {}).get("server_split"))) if split and "peak_gib" in split}
+        if peaks:  # what the MXFP8 server allocated above its holding between refits, at the peak, per source
+            row("refit", "peak memory during a refit", "GiB", "lower", max(peaks.values()), None, extra=peaks)
         if mx.under_load is not None:
             row("refit", "requests failed during a refit", "requests", "lower", mx.under_load["failed"], None,
                 extra=mx.under_load)
