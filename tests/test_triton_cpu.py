@@ -449,3 +449,30 @@ def test_interpreted_block_scale_conversion_matches_the_torch_conversion_bit_for
     assert p.returncode == 0, p.stderr[-3000:]
     ok, exhaustive, random = p.stdout.split()[-3:]
     assert ok == "ok" and int(exhaustive) > 1000 and int(random) > 0, p.stdout
+
+
+QUANTIZE = r"""
+import random, torch
+from quantize_cases import quantize_cases
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.ops.mxfp8_quant import quantize_mxfp8 as quantize_on_gpu
+seed = random.randrange(1 << 30)
+for i, x in enumerate(quantize_cases(seed)):
+    for rounding in ("ceil", "floor") if i != 1 else ("ceil",):
+        q, s = quantize_on_gpu(x, rounding)
+        ref_q, ref_s = quantize_mxfp8(x, rounding)
+        bad = (q.view(torch.uint8) != ref_q.view(torch.uint8)).nonzero()[:3].tolist()
+        assert q.shape == x.shape and q.dtype == torch.float8_e4m3fn and not bad, (seed, i, rounding, bad)
+        assert torch.equal(s, ref_s), (seed, i, rounding, (s != ref_s).nonzero()[:3].tolist())
+print("equal", seed)
+"""
+
+
+def test_interpreted_mxfp8_quantizer_writes_the_torch_quantizers_bytes():
+    """The GPU quantizer of a trainer's float weights (ops/mxfp8_quant.py), run by Triton's interpreter, gives
+    format.numerics.quantize_mxfp8's e4m3 and scale bytes exactly, for both scale roundings, on every BF16 and FP16
+    value and on FP32 beyond both ends of the scale range; its integer arithmetic is what the GPU runs."""
+    from conftest import importable_tests_env
+
+    p = run_python(QUANTIZE, {"TRITON_INTERPRET": "1", **importable_tests_env()}, timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("equal"), p.stderr[-3000:]

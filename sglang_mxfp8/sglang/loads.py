@@ -118,9 +118,14 @@ class LoadTracker:
                              f"{list(loaded_weight.shape)} cannot be MXFP8 (K not a multiple of {MX_BLOCK}); keep this "
                              "layer BF16 (modules_to_not_convert)")
         start = time.perf_counter()
-        q, scale = quantize_mxfp8(loaded_weight.to(param.device), self.rounding)
-        if q.is_cuda:
+        src = loaded_weight.to(param.device)
+        if src.is_cuda:  # one Triton pass, byte for byte the torch steps below (tests/gpu checks every BF16 value)
+            from ..ops.mxfp8_quant import quantize_mxfp8 as quantize_on_gpu
+
+            q, scale = quantize_on_gpu(src, self.rounding)
             torch.cuda.synchronize(q.device)
+        else:
+            q, scale = quantize_mxfp8(src, self.rounding)
         LoadClock.quantize_s += time.perf_counter() - start
         scale_param = self.pairs[label][1]
         # the tensor's name, where the loader takes one (a MoE's "...experts.w13_weight"): its scale's

@@ -15,3 +15,21 @@ from test_refit import bf16_in_equals_convert  # noqa: E402
 @pytest.mark.parametrize("rounding", ["ceil", "floor"])
 def test_bf16_weights_sent_to_a_gpu_layer_are_what_convert_writes(tmp_path, rounding):
     bf16_in_equals_convert(tmp_path, rounding, "cuda")
+
+
+def test_gpu_quantizer_writes_the_cpu_quantizers_bytes():
+    """ops/mxfp8_quant.py on the GPU gives format.numerics.quantize_mxfp8's bytes on the CPU exactly, for both scale
+    roundings: every BF16 and FP16 value, FP32 beyond both ends of the scale range, subnormals of each."""
+    import random
+
+    from quantize_cases import quantize_cases
+    from sglang_mxfp8.format.numerics import quantize_mxfp8
+    from sglang_mxfp8.ops.mxfp8_quant import quantize_mxfp8 as quantize_on_gpu
+
+    seed = random.randrange(1 << 30)
+    for i, x in enumerate(quantize_cases(seed)):
+        for rounding in ("ceil", "floor"):
+            q, s = quantize_on_gpu(x.cuda(), rounding)
+            ref_q, ref_s = quantize_mxfp8(x, rounding)
+            bad = (q.cpu().view(torch.uint8) != ref_q.view(torch.uint8)).nonzero()[:3].tolist()
+            assert not bad and torch.equal(s.cpu(), ref_s), (seed, i, rounding, bad)
