@@ -937,6 +937,30 @@ def test_every_weight_update_entry_point_of_this_sglang_is_post_processed():
     assert eval(out["MARKS"]) == expected
 
 
+def test_an_mxfp8_refit_from_a_path_that_is_no_folder_is_refused_before_loading(monkeypatch, tmp_path):
+    """A refit of an MXFP8 model from a path (absolute, relative, or under ~) that holds no folder answers
+    success: false naming it, and SGLang's loader is never called (it would take the path for a Hugging Face repo id
+    and answer with a network error); a repo id still goes to SGLang."""
+    import types
+
+    from sglang_mxfp8.sglang import weights
+
+    called = []
+    monkeypatch.setattr(weights, "scale_name_of", lambda model: "weight_scale_inv")
+    runner = types.SimpleNamespace(model=None, model_config=types.SimpleNamespace(model_path=str(tmp_path / "A")),
+                                   server_args=types.SimpleNamespace(load_format="auto"))
+    refit = weights.refit_rollback(lambda self, path, fmt: called.append(path) or (True, "Succeeded"))
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    file = str(tmp_path / "weights.safetensors")
+    cases = [(p, f"no folder {p} on this machine") for p in (str(tmp_path / "gone"), "./gone", "~/gone")]
+    for path, problem in cases + [(file, f"{file} is a file; pass the checkpoint's folder")]:
+        ok, message = refit(runner, path, "auto")
+        assert not ok and message == f"Failed to update weights: {problem}. Nothing was loaded; the previous weights " \
+                                     "keep serving.", message
+        assert runner.model_config.model_path == str(tmp_path / "A")
+    assert called == [] and refit(runner, "org/model", "auto") == (True, "Succeeded") and called == ["org/model"]
+
+
 @pytest.mark.parametrize("mxfp8", [True, False])
 def test_only_an_mxfp8_models_refit_reads_page_locked(monkeypatch, tmp_path, mxfp8):
     """The refit wrapper turns the page-locked reads on for the load of an MXFP8 model's refit (and its rollback)
@@ -954,6 +978,8 @@ def test_only_an_mxfp8_models_refit_reads_page_locked(monkeypatch, tmp_path, mxf
         return True, "Succeeded"
 
     monkeypatch.setattr(weights, "scale_name_of", lambda model: "weight_scale_inv" if mxfp8 else None)
+    for name in ("B", "bad"):
+        (tmp_path / name).mkdir()
     runner = types.SimpleNamespace(model=None, model_config=types.SimpleNamespace(model_path=str(tmp_path / "A")),
                                    server_args=types.SimpleNamespace(load_format="auto"))
     refit = weights.refit_rollback(original)
