@@ -40,8 +40,15 @@ def _safetensors(files):
                 yield name, f.get_tensor(name)
 
 
-@pytest.mark.parametrize("ahead_bytes", [1, 3000, 1 << 30])
-def test_the_reader_gives_what_safetensors_gives_in_name_order(tmp_path, ahead_bytes):
+@pytest.mark.parametrize("ahead_bytes,run_bytes,piece_bytes",
+                         [(1, 1, 7), (3000, 5000, 1000), (1 << 30, 16 << 20, 4 << 20)])
+def test_the_reader_gives_what_safetensors_gives_in_name_order(tmp_path, monkeypatch, ahead_bytes, run_bytes,
+                                                               piece_bytes):
+    """Whatever it reads ahead, however it groups tensors into buffers and splits a buffer's read among threads."""
+    from sglang_mxfp8.format import reader
+
+    monkeypatch.setattr(reader, "RUN_BYTES", run_bytes)
+    monkeypatch.setattr(reader, "PIECE_BYTES", piece_bytes)
     files = _checkpoint(tmp_path)
     got = list(read_tensors(files, pinned=False, threads=4, ahead_bytes=ahead_bytes))
     want = list(_safetensors(files))
@@ -49,6 +56,17 @@ def test_the_reader_gives_what_safetensors_gives_in_name_order(tmp_path, ahead_b
     for (name, a), (_, b) in zip(got, want):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert torch.equal(a.view(torch.uint8) if a.numel() else a, b.view(torch.uint8) if b.numel() else b), name
+
+
+def test_tensors_share_a_buffer_where_they_lie_back_to_back_at_offsets_their_dtype_can_be_viewed_at():
+    from sglang_mxfp8.format.reader import runs
+
+    u8, bf16, f32 = torch.uint8, torch.bfloat16, torch.float32
+    entries = [("a", f32, (2,), 0, 8), ("b", bf16, (3,), 8, 14), ("c", u8, (3,), 14, 17), ("d", bf16, (1,), 17, 19),
+               ("e", u8, (40,), 19, 59), ("f", u8, (1,), 100, 101), ("g", u8, (8,), 101, 109)]
+    got = [([e[0] for e in run], start, end) for run, start, end in runs(entries, 40)]
+    # d would sit at an odd offset of a's buffer; e would make d's buffer larger than 40 bytes; f does not follow e
+    assert got == [(["a", "b", "c"], 0, 17), (["d"], 17, 19), (["e"], 19, 59), (["f", "g"], 100, 109)]
 
 
 def test_a_loader_that_stops_early_leaves_no_read_running(tmp_path):

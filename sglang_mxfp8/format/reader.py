@@ -1,8 +1,10 @@
-"""A safetensors checkpoint read for a refit: each tensor read by a few threads, ahead of the loader, straight from the
-file into page-locked host memory (one copy out of the page cache; the loader's copy to the GPU is then a DMA at the
-link's speed), instead of into pageable memory that the copy to the GPU stages again. Tensors come out per file in
-name order, as SGLang's own iterators give them. Each tensor has its own buffer (torch's pinned-memory cache reuses
-them once the loader lets go), so a loader that keeps a tensor keeps it whole."""
+"""A safetensors checkpoint read for a refit: straight from the file into page-locked host memory by a few threads,
+ahead of the loader (one copy out of the page cache; the loader's copy to the GPU is then a DMA at the link's speed),
+instead of into pageable memory that the copy to the GPU stages again. Tensors come out per file in name order, as
+SGLang's own iterators give them, as views of buffers that each hold a run of tensors lying back to back in the file
+(16 MB, or one larger tensor): a weight's scale of a few KB costs a view, not a read of its own with its thread
+hand-off, and a large tensor is read by several threads. torch's pinned-memory cache reuses a buffer once the loader
+lets go of its tensors; a loader that keeps one keeps its buffer."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "U8": to
           "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
 READ_THREADS = 8
 AHEAD_BYTES = 1 << 30  # read ahead of the loader at most this much (page-locked)
+RUN_BYTES = 16 << 20  # tensors lying back to back in the file share a buffer up to this size
+PIECE_BYTES = 4 << 20  # one thread's read
 
 
 class UnreadableTensor(ValueError):
@@ -41,15 +45,31 @@ def tensor_entries(path: str) -> Tuple[List[tuple], int]:
     return entries, 8 + size
 
 
-def _read(fd: int, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple, pinned: bool) -> torch.Tensor:
-    buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-    view, done = memoryview(buf.numpy()), 0
-    while done < nbytes:
+def runs(entries: List[tuple], run_bytes: int) -> Iterator[Tuple[List[tuple], int, int]]:
+    """(entries, start, end): consecutive entries whose data lie back to back in the file, up to ``run_bytes`` (a
+    larger tensor alone), each at an offset its dtype can be viewed at."""
+    run: List[tuple] = []
+    start = end = 0
+    for entry in entries:
+        _, dtype, _, s, e = entry
+        if run and (s != end or e - start > run_bytes or (s - start) % dtype.itemsize):
+            yield run, start, end
+            run = []
+        if not run:
+            start = s
+        run.append(entry)
+        end = e
+    if run:
+        yield run, start, end
+
+
+def _read(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
         if n <= 0:
-            raise OSError(f"file ended {nbytes - done} bytes early reading a tensor at offset {offset}")
+            raise OSError(f"file ended {len(view) - done} bytes early reading tensors at offset {offset}")
         done += n
-    return buf.view(dtype).reshape(shape)
 
 
 def read_tensors(files: Iterable[str], pinned: bool, threads: int = READ_THREADS,
@@ -60,22 +80,31 @@ def read_tensors(files: Iterable[str], pinned: bool, threads: int = READ_THREADS
         for path in files:
             entries, data = tensor_entries(path)
             fd = os.open(path, os.O_RDONLY)
+            pending: Deque[tuple] = collections.deque()
             try:
-                pending: Deque[tuple] = collections.deque()
                 queued = 0
-                for name, dtype, shape, start, end in entries:
+                for run, start, end in runs(entries, RUN_BYTES):
                     while pending and queued + (end - start) > ahead_bytes:
-                        done_name, future, nbytes = pending.popleft()
-                        queued -= nbytes
-                        yield done_name, future.result()
-                    pending.append((name, pool.submit(_read, fd, data + start, end - start, dtype, shape, pinned),
-                                    end - start))
+                        queued -= pending[0][2].numel()
+                        yield from _tensors(*pending.popleft())
+                    buf = torch.empty(end - start, dtype=torch.uint8, pin_memory=pinned and end > start)
+                    view = memoryview(buf.numpy())
+                    reads = [pool.submit(_read, fd, view[p:p + PIECE_BYTES], data + start + p)
+                             for p in range(0, end - start, PIECE_BYTES)]
+                    pending.append((run, start, buf, reads))
                     queued += end - start
                 while pending:
-                    done_name, future, _ = pending.popleft()
-                    yield done_name, future.result()
+                    yield from _tensors(*pending.popleft())
             finally:  # a loader that stopped early (a refused refit): reads not started dropped, running ones end
-                for _, future, _ in pending:
-                    if not future.cancel():
-                        future.exception()
+                for _, _, _, reads in pending:
+                    for future in reads:
+                        if not future.cancel():
+                            future.exception()
                 os.close(fd)
+
+
+def _tensors(run: List[tuple], start: int, buf: torch.Tensor, reads: list) -> Iterator[Tuple[str, torch.Tensor]]:
+    for future in reads:
+        future.result()
+    for name, dtype, shape, s, e in run:
+        yield name, buf[s - start:e - start].view(dtype).reshape(shape)
