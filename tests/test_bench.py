@@ -221,6 +221,13 @@ def test_dry_run_lists_each_step_without_torch_or_a_gpu(tmp_path):
     assert out.strip().endswith("RC 0 TORCH False SGLANG False")
 
 
+def test_a_cold_refit_is_measured_where_asked_or_in_the_full_suite(tmp_path):
+    cold = "then with the page cache dropped"
+    assert cold in _cli("bench", "refit", "--cold-refit", "--dry-run", "--workdir", str(tmp_path)).stdout
+    assert cold not in _cli("bench", "refit", "--dry-run", "--workdir", str(tmp_path)).stdout
+    assert cold in _cli("bench", "--suite", "full", "--dry-run", "--workdir", str(tmp_path)).stdout
+
+
 def test_bench_help_and_argument_errors_import_nothing_heavy():
     assert "ROUTINE" in _cli("bench", "--help").stdout
     p = _cli("bench", "--suite", "slow")

@@ -179,6 +179,8 @@ def with_overrides(suite: Suite, args) -> Suite:
         serve = replace(serve, port=args.port)
     if args.restart:
         serve = replace(serve, restart=True)
+    if args.cold_refit:
+        serve = replace(serve, cold_refit=True)
     return replace(suite, layers=layers, serve=serve, model_layers=args.layers or suite.model_layers)
 
 

@@ -115,6 +115,8 @@ def _bench_parser(sub) -> None:
                    help="launch flags for every server, BF16 and MXFP8 (e.g. --attention-backend triton)")
     b.add_argument("--concurrency", type=_parallel_size, nargs="+", help="serve: concurrencies (default: 1 16 128)")
     b.add_argument("--restart", action="store_true", help="start: also restart each server on its caches")
+    b.add_argument("--cold-refit", action="store_true",
+                   help="refit: also refit from disk with the checkpoint's files dropped from the page cache")
     b.add_argument("--sets", nargs="+", choices=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b"),
                    help="layers: named shape sets (default: qwen3-30b-a3b)")
     b.add_argument("--tokens", type=_parallel_size, nargs="+", help="layers: batch sizes in tokens")
