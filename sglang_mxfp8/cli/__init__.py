@@ -101,8 +101,9 @@ def _bench_parser(sub) -> None:
                    help=f"any of {', '.join(r for r in ROW_ROUTINES)}; or 'report' (routing runs only when named: it "
                         "launches every server with SGLang's routing capture on)")
     b.add_argument("--suite", choices=("quick", "full"), default="quick",
-                   help="quick: a subset of every routine, under 9 minutes on one H100 / H200 (--dry-run says "
-                        "each step's); full: every shape set, every candidate kernel, restarts, gsm8k (default: quick)")
+                   help="quick: served c1/16/128, first start, refit, accuracy and layers, under 9 minutes on one "
+                        "H100 / H200 (--dry-run says each step's); full: every shape set, every candidate kernel, "
+                        "restarts, a cold refit, gsm8k, the GPU tests (default: quick)")
     b.add_argument("--dry-run", action="store_true", help="print what each step would run, touch no GPU")
     b.add_argument("--model", help="checkpoint to serve and whose layer shapes to time: BF16 (converted once) or "
                                    "MXFP8 with --bf16-model (default: a generated Qwen3-30B-A3B-shaped model)")
