@@ -24,7 +24,7 @@ def row_fingerprints(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     if width % 4 == 0:
         words = b.view(torch.int32)
         coeff = (torch.arange(1, width // 4 + 1, device=b.device, dtype=torch.int64) * 2654435761 % (1 << 31)) | 1
-        step = max(1, _SIG_CHUNK_BYTES // (4 * width))  # int64 temporaries of 16 MB at most
+        step = max(1, _SIG_CHUNK_BYTES // width)  # 16 MB of the weight a step: int64 temporaries of 32 MB
         for r0 in range(0, r, step):
             out[r0 : r0 + step] = (words[r0 : r0 + step].to(torch.int64) * coeff).sum(dim=1)
         return out
