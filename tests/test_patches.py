@@ -600,7 +600,9 @@ for name in ("nan_weight", "missing_scale", "wrong_scale_shape"):
     refit(name)
     assert all(torch.equal(x, y) for x, y in zip(state(), state_b)), name
 refit("A"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
-refit("does_not_exist")  # SGLang answers False without raising, the bad path already set
+refit("does_not_exist")  # refused before SGLang sees it (SGLang would take the path for a Hugging Face repo id)
+(root / "empty").mkdir()
+refit("empty")  # a folder without weights: SGLang answers False without raising, the bad path already set
 refit("nan_weight"); assert all(torch.equal(x, y) for x, y in zip(state(), state_a))
 refit("nan_weight", stock)
 setattr(runner, weights.FROM_TENSORS, True)  # as after an accepted update_weights_from_tensor: no disk holds them
@@ -629,7 +631,7 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
     lines = [line for line in p.stdout.splitlines() if not line.startswith(("TIME ", "STATE "))]
     # a refit, refused or not, leaves torch's default dtype (the model's is bfloat16 here) and so never recompiles
     states = [line.split()[2:] for line in p.stdout.splitlines() if line.startswith("STATE ")]
-    assert len(states) == 14 and all(state == ["torch.float32", "1"] for state in states), states
+    assert len(states) == 15 and all(state == ["torch.float32", "1"] for state in states), states
     assert lines[0].startswith("A True A |") and lines[1].startswith("B True B |")
     from sglang_mxfp8.bench.served import load_times
 
@@ -652,17 +654,19 @@ def test_failed_refit_rolls_back_to_the_served_checkpoint(tmp_path):
                                "has [256, 15]") and lines[4].endswith(nothing)
     assert lines[5].startswith("A True A |")
     # a refit SGLang refuses without raising leaves the served path in place, so the next failure rolls back to it
-    assert lines[6].startswith("does_not_exist False A | Failed to get weights iterator"), lines[6]
-    assert lines[7].startswith("nan_weight False A |") and lines[7].endswith(f"Rolled back to {tmp_path / 'A'}.")
+    assert lines[6] == (f"does_not_exist False A | Failed to update weights: no folder {tmp_path / 'does_not_exist'} "
+                        f"on this machine. {nothing}")
+    assert lines[7].startswith("empty False A | Failed to get weights iterator"), lines[7]
+    assert lines[8].startswith("nan_weight False A |") and lines[8].endswith(f"Rolled back to {tmp_path / 'A'}.")
     # stock SGLang: its rollback re-reads the bad path, fails again and raises out of the scheduler call
-    assert lines[8].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
+    assert lines[9].startswith("nan_weight raised nan_weight | layer: weight row 3 holds NaN")
     assert (
-        lines[9]
+        lines[10]
         == f"nan_weight False nan_weight | Failed to update weights: layer.weight: holds NaN e4m3 values. {nothing}"
     )
-    assert lines[10].startswith("B True B |") and lines[11].startswith("A False B |")
+    assert lines[11].startswith("B True B |") and lines[12].startswith("A False B |")
     # a rollback that fails too, by raising or by answering False, is an error naming both paths
-    for line in lines[12:14]:
+    for line in lines[13:15]:
         assert line.startswith("nan_weight raised ") and f"refit from {tmp_path / 'nan_weight'} failed" in line, line
         assert f"and so did the rollback to {tmp_path / 'B'} (" in line and "inconsistent" in line, line
 
