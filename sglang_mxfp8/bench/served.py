@@ -443,17 +443,18 @@ class Runner:
                             work / f"serve_{tag}_c{c}.jsonl") for c in self.opts.concurrency]
         what = f"warm-up, concurrency {', '.join(map(str, self.opts.concurrency))}"
         positions = _text_config(self.pair.bf16).get("max_position_embeddings")
-        if self.opts.prefill_len and positions is not None and self.opts.prefill_len >= positions:
+        long_prompts = bool(self.opts.prefill_len) and (positions is None or self.opts.prefill_len < positions)
+        if self.opts.prefill_len and not long_prompts:
             print(f"bench: {self.pair.name} takes {positions} positions, no {self.opts.prefill_len}-token prompt; time "
                   "to first token of long prompts not measured", flush=True)
-        elif self.opts.prefill_len:
+        if long_prompts:
             runs.append(ServingRun(1, self.opts.prefill_prompts, self.opts.prefill_len, 1,
                                    work / f"prefill_{tag}.jsonl"))
             what += f", {self.opts.prefill_len}-token prompts one at a time"
         self.step(f"serve {name}: {what}")
         results = bench_serving(port, self.pair.bf16, runs)
-        s.serve = dict(zip(self.opts.concurrency, results[1:1 + len(self.opts.concurrency)]))
-        if len(results) > 1 + len(self.opts.concurrency):
+        s.serve = dict(zip(self.opts.concurrency, results[1:]))
+        if long_prompts:
             s.prefill = results[-1]
         c = self.opts.profile_concurrency
         if c:

@@ -35,7 +35,7 @@ FP8 = torch.float8_e4m3fn
 ScaleRounding = Literal["ceil", "floor"]
 
 
-def _check_k(x: torch.Tensor, what: str) -> None:
+def check_k(x: torch.Tensor, what: str) -> None:
     if x.shape[-1] % MX_BLOCK:
         raise ValueError(
             f"{what}: last dimension {x.shape[-1]} is not a multiple of {MX_BLOCK}; "
@@ -65,7 +65,7 @@ def quantize_mxfp8(
     Zero blocks get scale byte 127 (1.0). Blocks holding NaN or +-Inf get scale byte 255 (NaN)
     and NaN elements, as OCP MX v1.0 prescribes. Exponents are clamped to E8M0's range [-127, 127].
     """
-    _check_k(x, "quantize_mxfp8")
+    check_k(x, "quantize_mxfp8")
     xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // MX_BLOCK, MX_BLOCK)
     amax = xb.abs().amax(dim=-1)
     finite = torch.isfinite(amax)
@@ -90,7 +90,7 @@ def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
 
 def dequantize_mxfp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """(e4m3 ``[..., K]``, uint8 ``[..., K/32]``) -> float32 ``[..., K]``."""
-    _check_k(q, "dequantize_mxfp8")
+    check_k(q, "dequantize_mxfp8")
     if scale.shape != (*q.shape[:-1], q.shape[-1] // MX_BLOCK):
         raise ValueError(
             f"dequantize_mxfp8: scale shape {tuple(scale.shape)} does not match weight "
@@ -173,7 +173,7 @@ def exponents_to_scales(exps: torch.Tensor) -> torch.Tensor:
 def _check_conversion(q: torch.Tensor, scale: torch.Tensor, what: str) -> None:
     if q.dim() != 2 or q.dtype != FP8:
         raise ValueError(f"{what}: expected a 2-D float8_e4m3fn weight, got {q.dtype} {tuple(q.shape)}")
-    _check_k(q, what)
+    check_k(q, what)
     r, k = q.shape
     if scale.shape != (r, k // MX_BLOCK) or scale.dtype != torch.uint8:
         raise ValueError(f"{what}: scale must be uint8 [{r}, {k // MX_BLOCK}], got {scale.dtype} {tuple(scale.shape)}")

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from ..format.checkpoint import E8M0_NAN, MX_BLOCK
-from ..format.numerics import E8M0_BIAS, ScaleRounding
+from ..format.numerics import E8M0_BIAS, ScaleRounding, check_k
 
 BLOCKS_PER_PROGRAM = 64
 
@@ -101,9 +101,7 @@ def quantize_mxfp8(x: torch.Tensor, rounding: ScaleRounding = "ceil") -> Tuple[t
     (e4m3 ``[..., K]``, uint8 ``[..., K/32]``)."""
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"quantize_mxfp8: a BF16, FP16 or FP32 tensor, got {x.dtype}")
-    if x.shape[-1] % MX_BLOCK:
-        raise ValueError(f"quantize_mxfp8: last dimension {x.shape[-1]} is not a multiple of {MX_BLOCK}; MXFP8 needs "
-                         "K % 32 == 0 (leave this tensor unquantized instead)")
+    check_k(x, "quantize_mxfp8")
     if rounding not in ("ceil", "floor"):
         raise ValueError(f"scale rounding must be 'ceil' or 'floor', got {rounding!r}")
     x = x.contiguous()

@@ -148,19 +148,16 @@ def _refit_or_roll_back(original, self, model_path, load_format, *args, **kwargs
     served_path, served_format = self.model_config.model_path, runner.server_args.load_format
     from_tensors = getattr(runner, FROM_TENSORS, False)
     scale_name = scale_name_of(runner.model)
-    local = Path(model_path).expanduser()
-    if scale_name is not None and model_path.startswith(("/", "./", "../", "~")) and not local.is_dir():
+    local, problem = Path(model_path).expanduser(), None
+    if scale_name is not None and local.is_dir():
+        problem = refused_checkpoint(local, scale_name, values=from_tensors)
+    elif scale_name is not None and model_path.startswith(("/", "./", "../", "~")):
         # a path, never a Hugging Face repo id: SGLang would try to download it (and say so as a network error)
         problem = (f"{model_path} is a file; pass the checkpoint's folder" if local.exists() else
                    f"no folder {model_path} on this machine")
+    if problem is not None:
         logger.error("sglang_mxfp8: refit from %s refused before loading: %s", model_path, problem)
         return False, f"Failed to update weights: {problem}. Nothing was loaded; the previous weights keep serving."
-    if scale_name is not None and local.is_dir():
-        problem = refused_checkpoint(local, scale_name, values=from_tensors)
-        if problem is not None:
-            logger.error("sglang_mxfp8: refit from %s refused before loading: %s", model_path, problem)
-            return False, (f"Failed to update weights: {problem}. Nothing was loaded; the previous weights keep "
-                           "serving.")
     try:
         with refit_reads(scale_name is not None):
             ok, message = original(self, model_path, load_format, *args, **kwargs)
