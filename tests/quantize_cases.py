@@ -6,9 +6,9 @@ import torch
 
 def quantize_cases(seed: int) -> list:
     """Float tensors an MXFP8 quantizer must get right: every BF16 and every FP16 bit pattern (NaN, +-Inf, +-0,
-    subnormals) among random neighbours, every BF16 value as its block's first element beside smaller random ones,
-    FP32 over 83 binary orders (scale exponents clamped at both ends) and FP32 subnormals, and blocks of BF16 or FP16
-    subnormals alone."""
+    subnormals) among random neighbours, every BF16 value as its block's first element beside normal draws of a third
+    its magnitude, FP32 over 83 binary orders (scale exponents clamped at both ends) and FP32 subnormals, and blocks
+    of BF16 or FP16 subnormals alone."""
     g = torch.Generator().manual_seed(seed)
     every_bf16 = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     every_fp16 = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
