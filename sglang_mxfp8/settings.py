@@ -5,6 +5,8 @@
   ``sglang-mxfp8 doctor`` lists them; unknown names are reported when a plan is made).
 - ``SGLANG_MXFP8_PRECOMPILE=0``: compile no kernel while the model loads (the first batch of each new
   tile config then waits for its compiler).
+- ``SGLANG_MXFP8_DIRECT_COPIES=0``: every tensor of every load goes through SGLang's loaders (by default a refit
+  copies each MXFP8 tensor straight where an earlier load put it: :mod:`.sglang.direct`).
 - ``SGLANG_MXFP8_COMPILE_JOBS=N``: concurrent nvcc processes for the kernels compiled while the model loads
   (default: one per CPU; 0: leave them to FlashInfer, which compiles one after another).
 """
@@ -24,6 +26,7 @@ logger = logging.getLogger("sglang_mxfp8")
 DISABLED_KERNELS_ENV = "SGLANG_MXFP8_DISABLED_KERNELS"
 PRECOMPILE_ENV = "SGLANG_MXFP8_PRECOMPILE"
 COMPILE_JOBS_ENV = "SGLANG_MXFP8_COMPILE_JOBS"
+DIRECT_COPIES_ENV = "SGLANG_MXFP8_DIRECT_COPIES"
 
 @dataclass(frozen=True)
 class Settings:
@@ -31,6 +34,7 @@ class Settings:
     disabled_kernels: FrozenSet[str] = frozenset()
     precompile: bool = True
     compile_jobs: Optional[int] = None  # None: one per CPU
+    direct_copies: bool = True
     warnings: Tuple[str, ...] = field(default=(), compare=False)  # one per unusable switch
 
     @classmethod
@@ -43,7 +47,8 @@ class Settings:
             notes.append(f"{COMPILE_JOBS_ENV}={jobs!r} is not a number of processes (0, 1, 2, ...); using one per CPU")
         return cls(disabled=parse_switch(env.get(DISABLE_ENV)) is True, disabled_kernels=frozenset(kernels),
                    precompile=precompile,
-                   compile_jobs=int(jobs) if jobs.isdigit() else None, warnings=tuple(notes))
+                   compile_jobs=int(jobs) if jobs.isdigit() else None,
+                   direct_copies=parse_switch(env.get(DIRECT_COPIES_ENV)) is not False, warnings=tuple(notes))
 
 
 def _names(value: str) -> set:

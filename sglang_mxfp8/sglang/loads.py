@@ -5,8 +5,10 @@ post-load processing whether a weight arrived without its scale."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -18,16 +20,19 @@ FLOAT_WEIGHTS = (torch.bfloat16, torch.float16, torch.float32)  # a trainer's we
 
 class LoadClock:
     """Seconds one load spent in the MXFP8 parameters' loaders, summed over layers (the load's time line reads them):
-    copying tensors into the parameters, and quantizing a trainer's float tensors first; and the GPU memory allocated
-    since the reset, at its peak, above what was allocated then."""
+    copying tensors into the parameters, and quantizing a trainer's float tensors first (the quantizing kernels' GPU
+    time, read without waiting on each); and the GPU memory allocated since the reset, at its peak, above what was
+    allocated then."""
 
     copy_s = 0.0
-    quantize_s = 0.0
+    _quantize_s = 0.0
+    _events: list = []
     _allocated = 0
 
     @classmethod
     def reset(cls) -> None:
-        cls.copy_s = cls.quantize_s = 0.0
+        cls.copy_s = cls._quantize_s = 0.0
+        cls._events = []
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
             cls._allocated = torch.cuda.memory_allocated()
@@ -38,6 +43,41 @@ class LoadClock:
         if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
             return 0.0
         return max(0, torch.cuda.max_memory_allocated() - cls._allocated) / 2**30
+
+    @classmethod
+    @contextlib.contextmanager
+    def quantizing(cls, device: torch.device):
+        """Count the block's work as quantizing: on a GPU its kernels' time between two events, on the host the
+        block's."""
+        if device.type != "cuda":
+            start = time.perf_counter()
+            yield
+            cls._quantize_s += time.perf_counter() - start
+            return
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        yield
+        end.record()
+        cls._events.append((begin, end))
+
+    @classmethod
+    def quantize_s(cls) -> float:
+        """Seconds spent quantizing since the reset (waits for the last quantizing kernel)."""
+        if cls._events:
+            cls._events[-1][1].synchronize()
+            cls._quantize_s += sum(begin.elapsed_time(end) for begin, end in cls._events) / 1e3
+            cls._events = []
+        return cls._quantize_s
+
+class _Learning(threading.local):
+    """The tensor the model is loading now while :mod:`.direct` learns where tensors land, and the load tracker's calls
+    with it (None: nothing is being learned)."""
+
+    tensor: Optional[torch.Tensor] = None
+    calls: Optional[list] = None
+
+
+LEARNING = _Learning()
 
 
 class LoadTracker:
@@ -98,11 +138,13 @@ class LoadTracker:
                         f"{tensor}{_ids([key])}: weight {list(w)} needs a scale of shape {scale_shape(w)} (one per "
                         f"{MX_BLOCK} along K), the checkpoint has {list(sc)}"
                     )
-            start = time.perf_counter()
+            start, given = time.perf_counter(), loaded_weight
             if p.is_cuda and not loaded_weight.is_cuda and loaded_weight.is_pinned():
                 # a page-locked read (format.reader): its copy to the GPU queued, not waited for, so the loader's next
                 # tensor overlaps it (torch's pinned allocator keeps the buffer until the copy is done)
                 loaded_weight = loaded_weight.to(p.device, non_blocking=True)
+            if LEARNING.calls is not None:
+                LEARNING.calls.append((given is LEARNING.tensor, p, loaded_weight, self, slot, key))
             try:
                 return original(p, loaded_weight, *args, **kwargs)
             finally:
@@ -117,16 +159,14 @@ class LoadTracker:
             raise ValueError(f"{self._weight_name(label)}: a {loaded_weight.dtype} tensor of shape "
                              f"{list(loaded_weight.shape)} cannot be MXFP8 (K not a multiple of {MX_BLOCK}); keep this "
                              "layer BF16 (modules_to_not_convert)")
-        start = time.perf_counter()
-        src = loaded_weight.to(param.device)
-        if src.is_cuda:  # one Triton pass, byte for byte the torch steps below (tests/gpu checks every BF16 value)
-            from ..ops.mxfp8_quant import quantize_mxfp8 as quantize_on_gpu
+        with LoadClock.quantizing(param.device):
+            src = loaded_weight.to(param.device)
+            if src.is_cuda:  # one Triton pass, byte for byte the torch steps below (tests/gpu checks every BF16 value)
+                from ..ops.mxfp8_quant import quantize_mxfp8 as quantize_on_gpu
 
-            q, scale = quantize_on_gpu(src, self.rounding)
-            torch.cuda.synchronize(q.device)
-        else:
-            q, scale = quantize_mxfp8(src, self.rounding)
-        LoadClock.quantize_s += time.perf_counter() - start
+                q, scale = quantize_on_gpu(src, self.rounding)
+            else:
+                q, scale = quantize_mxfp8(src, self.rounding)
         scale_param = self.pairs[label][1]
         # the tensor's name, where the loader takes one (a MoE's "...experts.w13_weight"): its scale's
         scale_args = tuple(a[: -len("weight")] + self.scale_name if isinstance(a, str) and a.endswith("weight") else a

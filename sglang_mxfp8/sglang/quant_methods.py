@@ -93,7 +93,7 @@ class ConversionReport:
         """Where a load's time went (``sglang-mxfp8 bench refit`` reads this line back): reading is the rest (the
         checkpoint's files, SGLang's loader, the tensors of other layers). ``what``: "load", or "tensor update" for
         the updates sent as tensors since the last post-processing (their copies, then the post-processing)."""
-        copy_s, quantize_s = LoadClock.copy_s, LoadClock.quantize_s
+        copy_s, quantize_s = LoadClock.copy_s, LoadClock.quantize_s()
         read_s = max(0.0, load_s - copy_s - quantize_s - cls.processing_s - cls.precompile_s)
         return (f"sglang_mxfp8: {what} took {load_s:.3f} s: reading {read_s:.3f} s, copying into the MXFP8 weights "
                 f"{copy_s:.3f} s, quantizing float tensors {quantize_s:.3f} s, MXFP8 post-load processing "

@@ -98,7 +98,7 @@ def postprocess_mxfp8_modules(model) -> int:
         count += 1
     if ConversionReport.total:
         logger.info(ConversionReport.line())
-        copied_s = LoadClock.copy_s + LoadClock.quantize_s
+        copied_s = LoadClock.copy_s + LoadClock.quantize_s()
         logger.info(ConversionReport.time_line(time.perf_counter() - start + copied_s, "tensor update"))
     LoadClock.reset()
     check_storage(model)

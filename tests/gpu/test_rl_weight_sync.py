@@ -9,12 +9,17 @@ pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
     reason="needs a Hopper (SM90) GPU; run python -m pytest tests/gpu on an H100/H200")
 
+from test_direct import bf16_update_quantized_where_it_lands  # noqa: E402
 from test_refit import bf16_in_equals_convert  # noqa: E402
 
 
 @pytest.mark.parametrize("rounding", ["ceil", "floor"])
 def test_bf16_weights_sent_to_a_gpu_layer_are_what_convert_writes(tmp_path, rounding):
     bf16_in_equals_convert(tmp_path, rounding, "cuda")
+
+
+def test_bf16_weights_sent_after_a_load_are_quantized_where_they_land():
+    bf16_update_quantized_where_it_lands("cuda")
 
 
 def test_gpu_quantizer_writes_the_cpu_quantizers_bytes():

@@ -75,7 +75,8 @@ PATCHES = (
           doc="a ModelOpt MXFP8 checkpoint described only by hf_quant_config.json gets Mxfp8Config"),
     Patch("loader.conversion_report", LOADER,
           ("sglang.srt.model_loader.loader:DefaultModelLoader.load_weights_and_postprocess",),
-          "loader:report_each_load", doc="after each (re)load: what conversion changed, and whether every MXFP8 "
+          "loader:report_each_load", doc="an MXFP8 model's refits copy each tensor straight where an earlier load put "
+                                         "it; after each (re)load: what conversion changed, and whether every MXFP8 "
                                          "tensor kept its storage"),
     Patch("loader.pinned_refit_reads", LOADER,
           ("sglang.srt.model_loader.loader:buffered_multi_thread_safetensors_weights_iterator",

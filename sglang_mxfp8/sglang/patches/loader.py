@@ -1,7 +1,8 @@
 """``loader.*``: a ModelOpt MXFP8 checkpoint described only by hf_quant_config.json gets :class:`Mxfp8Config`
 (SGLang's ``get_quant_config`` finds no quantization_config in config.json and would build an online-quantization
-config for it), and after each (re)load one line on what the conversion changed and whether every MXFP8 tensor kept
-its storage."""
+config for it); an MXFP8 model's tensors copied straight where they land once a load has shown where
+(:mod:`..direct`); and after each (re)load one line on what the conversion changed and whether every MXFP8 tensor
+kept its storage."""
 
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ def read_hf_quant_config() -> None:
 def report_each_load() -> None:
     from sglang.srt.model_loader import loader
 
+    from ..direct import copy_directly
     from ..loads import LoadClock
     from ..quant_methods import ConversionReport
-    from ..weights import check_storage
+    from ..weights import check_storage, mxfp8_modules
 
     cls = target(loader, "DefaultModelLoader", "loader.conversion_report")
 
@@ -56,6 +58,8 @@ def report_each_load() -> None:
                 tracker = getattr(module, "mxfp8_loads", None)
                 if tracker is not None:
                     tracker.reset()
+            if next(mxfp8_modules(model), None) is not None:
+                copy_directly(model)
             start = time.perf_counter()
             original(model, weights, target_device)
             if ConversionReport.total:
