@@ -526,6 +526,32 @@ def test_a_tensor_update_is_checked_whole_before_anything_is_written():
     assert refused_update([(w, q), (f"{w}_scale_inv", s)], scale_name="weight_scale") is not None  # ModelOpt naming
 
 
+def test_a_large_tensors_values_are_checked_chunk_by_chunk(monkeypatch):
+    """Large tensors are checked in chunks (a BF16 embedding's isfinite would allocate twice its size): a bad value in
+    any chunk, the last and partial one included, is still found, for each kind of value check."""
+    from sglang_mxfp8.format import checkpoint
+
+    monkeypatch.setattr(checkpoint, "CHECK_CHUNK", 96)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    w = "model.layers.0.mlp.down_proj.weight"
+    q, s = quantize_mxfp8(torch.randn(40, 256, generator=g))  # 10240 e4m3 bytes, 320 scale bytes: 107 and 4 chunks
+    emb = torch.randn(37, 64, generator=g).bfloat16()  # 2368 elements: 25 chunks, the last of 64
+    assert checkpoint.refused_update([(w, q), (f"{w}_scale_inv", s), ("embed.weight", emb)]) is None
+    for flat in (0, 95, 96, 1000, emb.numel() - 1):
+        bad = emb.clone()
+        bad.view(-1)[flat] = float("inf")
+        assert checkpoint.refused_update([("embed.weight", bad)]) == "embed.weight: holds NaN or Inf", flat
+    for flat in (0, 5000, q.numel() - 1):
+        bad = q.clone()
+        bad.view(-1).view(torch.uint8)[flat] = 0xFF
+        assert checkpoint.refused_update([(w, bad), (f"{w}_scale_inv", s)]) == f"{w}: holds NaN e4m3 values", flat
+    for flat in (0, 200, s.numel() - 1):
+        bad = s.clone()
+        bad.view(-1)[flat] = 255
+        problem = checkpoint.refused_update([(w, q), (f"{w}_scale_inv", bad)])
+        assert problem == f"{w}_scale_inv: holds NaN scale bytes (255)", flat
+
+
 def test_shuffled_refusals_send_every_spoil_from_every_source_with_accepted_refits_between():
     """The GPU test's sequence: each spoil from disk, as named tensors and as a trainer's flattened bucket, ``repeats``
     times in a seeded order; a folder that does not exist from disk only; an accepted refit after every third refusal

@@ -175,11 +175,11 @@ def refused_update(named: List[Tuple[str, "torch.Tensor"]], scale_name: str = "w
         if not values:
             continue
         if is_scale and t.dtype == torch.uint8:
-            flags.append((name, "holds NaN scale bytes (255)", (t == E8M0_NAN).any()))
+            flags.append((name, "holds NaN scale bytes (255)", _any(t, lambda c: c == E8M0_NAN)))
         elif t.dtype == torch.float8_e4m3fn:
-            flags.append((name, "holds NaN e4m3 values", ((t.view(torch.uint8) & 0x7F) == 0x7F).any()))
+            flags.append((name, "holds NaN e4m3 values", _any(t.view(torch.uint8), lambda c: (c & 0x7F) == 0x7F)))
         elif t.is_floating_point() and t.element_size() > 1:
-            flags.append((name, "holds NaN or Inf", ~torch.isfinite(t).all()))
+            flags.append((name, "holds NaN or Inf", _any(t, lambda c: ~torch.isfinite(c))))
     by_device: Dict["torch.device", list] = {}
     for flag in flags:
         by_device.setdefault(flag[2].device, []).append(flag)
@@ -188,6 +188,19 @@ def refused_update(named: List[Tuple[str, "torch.Tensor"]], scale_name: str = "w
             if bad:
                 return f"{name}: {what}"
     return None
+
+
+CHECK_CHUNK = 1 << 24  # elements a value check reads at a time: its temporaries stay small beside a large tensor
+
+
+def _any(t, bad) -> "torch.Tensor":
+    """Whether ``bad`` holds for any element of ``t``, as a tensor on its device (no host sync), read in chunks of
+    :data:`CHECK_CHUNK` elements: ``isfinite`` of a 622 MB BF16 embedding allocates about twice its size at once."""
+    import torch
+
+    if t.numel() <= CHECK_CHUNK or not t.is_contiguous():
+        return bad(t).any()
+    return torch.stack([bad(chunk).any() for chunk in t.reshape(-1).split(CHECK_CHUNK)]).any()
 
 
 def _structure_problem(name: str, t, names: dict, scale_name: str, where: str) -> Optional[str]:
