@@ -28,7 +28,7 @@ SMOKE_TESTS = ("test_backend_matches_reference or test_moe_gemv_matches_referenc
                "or test_masked or test_bf16_weights_sent or test_block_scale_conversion or "
                "test_gpu_quantizer")
 # GPU test files that start servers, left out of the smoke subset: the routine that runs their short version instead
-SERVED_TESTS = {"test_refused_refits.py": "refit"}
+SERVED_TESTS = {"test_refused_refits.py": "refit", "test_refit_paths.py": "refit"}
 
 
 @dataclass(frozen=True)
