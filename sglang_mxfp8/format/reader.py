@@ -4,7 +4,9 @@ instead of into pageable memory that the copy to the GPU stages again. Tensors c
 SGLang's own iterators give them, as views of buffers that each hold a run of tensors lying back to back in the file
 (16 MB, or one larger tensor): a weight's scale of a few KB costs a view, not a read of its own with its thread
 hand-off, and a large tensor is read by several threads. torch's pinned-memory cache reuses a buffer once the loader
-lets go of its tensors; a loader that keeps one keeps its buffer."""
+lets go of its tensors (a loader that keeps one keeps its buffer); it rounds each block up to a power of two and hands
+a block out again for that size only, so every page-locked run buffer is :data:`RUN_BYTES`: a refit page-locks new
+memory only for what is read ahead of the loader, and only the first time."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "U8": to
           "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
           "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
 READ_THREADS = 8
-AHEAD_BYTES = 1 << 30  # read ahead of the loader at most this much (page-locked)
+AHEAD_BYTES = 256 << 20  # read ahead of the loader at most this much (page-locked): 64 pieces for the threads
 RUN_BYTES = 16 << 20  # tensors lying back to back in the file share a buffer up to this size
 PIECE_BYTES = 4 << 20  # one thread's read
 
@@ -87,8 +89,8 @@ def read_tensors(files: Iterable[str], pinned: bool, threads: int = READ_THREADS
                     while pending and queued + (end - start) > ahead_bytes:
                         queued -= pending[0][2].numel()
                         yield from _tensors(*pending.popleft())
-                    buf = torch.empty(end - start, dtype=torch.uint8, pin_memory=pinned and end > start)
-                    view = memoryview(buf.numpy())
+                    buf = _buffer(end - start, pinned)
+                    view = memoryview(buf.numpy())[: end - start]
                     reads = [pool.submit(_read, fd, view[p:p + PIECE_BYTES], data + start + p)
                              for p in range(0, end - start, PIECE_BYTES)]
                     pending.append((run, start, buf, reads))
@@ -101,6 +103,13 @@ def read_tensors(files: Iterable[str], pinned: bool, threads: int = READ_THREADS
                         if not future.cancel():
                             future.exception()
                 os.close(fd)
+
+
+def _buffer(nbytes: int, pinned: bool) -> torch.Tensor:
+    """Where a run of ``nbytes`` is read: page-locked, :data:`RUN_BYTES` or the one larger tensor's size."""
+    if not pinned or nbytes == 0:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    return torch.empty(max(nbytes, RUN_BYTES), dtype=torch.uint8, pin_memory=True)
 
 
 def _tensors(run: List[tuple], start: int, buf: torch.Tensor, reads: list) -> Iterator[Tuple[str, torch.Tensor]]:

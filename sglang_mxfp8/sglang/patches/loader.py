@@ -93,7 +93,9 @@ def read_refits_pinned() -> None:
                 except UnreadableTensor as e:
                     logger.info("sglang_mxfp8: %s; SGLang reads this refit's files", e)
                 else:
-                    return read_tensors(list(hf_weights_files), pinned=torch.cuda.is_available())
+                    pinned = torch.cuda.is_available()
+                    tensors = read_tensors(list(hf_weights_files), pinned=pinned)
+                    return _page_locking_logged(tensors) if pinned else tensors
             return original(hf_weights_files, *args, **kwargs)
 
         return weights_iterator
@@ -101,3 +103,21 @@ def read_refits_pinned() -> None:
     for name in ("buffered_multi_thread_safetensors_weights_iterator", "safetensors_weights_iterator"):
         if hasattr(loader, name):
             replace(loader, name, f"loader.pinned_refit_reads.{name}", make)
+
+
+def _page_locking_logged(tensors):
+    """``tensors``, then one line where the read page-locked new memory (torch keeps it for the next refits): the
+    first refit after a start pays for it."""
+    import torch
+
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    before = stats() if stats else {}
+    try:
+        yield from tensors
+    finally:
+        after = stats() if stats else {}
+        grown = after.get("allocated_bytes.allocated", 0) - before.get("allocated_bytes.allocated", 0)
+        if grown > 0:
+            took = (after.get("host_alloc_time.total", 0) - before.get("host_alloc_time.total", 0)) / 1e6
+            logger.info("sglang_mxfp8: this refit page-locked %.0f MiB of new read buffers in %.2f s (kept for the "
+                        "next refits)", grown / 2**20, took)
