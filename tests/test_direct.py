@@ -165,8 +165,7 @@ def test_direct_copies_keep_the_load_trackers_refusals():
     model.trackers[1].reset()
 
 
-def test_a_trainers_bf16_tensor_is_quantized_by_the_tracker_as_before():
-    """On the CPU a float tensor goes through the load tracker (tests/gpu: on the GPU it is quantized directly)."""
+def test_a_trainers_bf16_tensor_is_quantized_where_it_lands():
     model = _model()
     model.load_weights(iter(_checkpoint(1).items()))
     model.check()
@@ -177,7 +176,7 @@ def test_a_trainers_bf16_tensor_is_quantized_by_the_tracker_as_before():
     model.handled.clear()
     model.load_weights([*ckpt.items(), ("experts.1.down_proj.weight", bf16)])
     model.check()
-    assert model.handled == ["norm.weight", "experts.1.down_proj.weight"]
+    assert model.handled == ["norm.weight"]
     q, s = quantize_mxfp8(bf16.float())
     assert torch.equal(model.w2[1].view(torch.uint8), q.view(torch.uint8)) and torch.equal(model.s2[1], s)
     assert model.load_weights.landings["experts.1.down_proj.weight"].dtype == torch.float8_e4m3fn
@@ -224,20 +223,29 @@ def test_direct_copies_can_be_switched_off(monkeypatch):
     assert isinstance(_model().__dict__.get("load_weights"), DirectLoads)
 
 
-def bf16_update_quantized_where_it_lands(device):
+def bf16_update_quantized_where_it_lands(device, bucket=False):
     """A trainer's update of BF16 weights only (no scales) after a checkpoint load: every MXFP8 weight and its scale
-    hold what the CPU quantizer writes for it, and the model's loaders saw only the norm where ``device`` is a GPU."""
+    hold what the CPU quantizer writes for it, and the model's loaders saw only the norm. ``bucket``: the tensors are
+    views of one flat tensor, as SGLang rebuilds a trainer's flattened bucket (quantized in runs of back-to-back
+    tensors; runs split at the norm, which is no MXFP8 weight, and at a few thousand elements here)."""
     model = _model(device=device)
     model.load_weights(iter(_checkpoint(1).items()))
     model.check()
-    g = torch.Generator().manual_seed(9)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
     trainer = {name: (torch.randn(t.shape, generator=g) * torch.logspace(-4, 2, t.shape[-1])).bfloat16()
                for name, t in _checkpoint(2).items() if name.endswith(".weight") and t.dtype == torch.float8_e4m3fn}
     trainer["norm.weight"] = torch.randn(H, generator=g).bfloat16()
+    sent = [(name, t.to(device)) for name, t in trainer.items()]
+    if bucket:
+        flat = torch.cat([t.reshape(-1) for _, t in sent])
+        sent, at = [], 0
+        for name, t in trainer.items():
+            sent.append((name, flat[at:at + t.numel()].view(t.shape)))
+            at += t.numel()
     model.handled.clear()
-    model.load_weights([(name, t.to(device)) for name, t in trainer.items()])
+    model.load_weights(sent)
     model.check()
-    assert model.handled == (["norm.weight"] if device != "cpu" else list(trainer))
+    assert model.handled == ["norm.weight"]
     want = {"norm.weight": trainer["norm.weight"]}
     for name, t in trainer.items():
         if name != "norm.weight":
@@ -245,5 +253,25 @@ def bf16_update_quantized_where_it_lands(device):
     _assert_holds(model, want)
 
 
-def test_a_trainers_bf16_update_on_the_cpu_goes_through_the_tracker():
-    bf16_update_quantized_where_it_lands("cpu")
+@pytest.mark.parametrize("bucket", [False, True])
+def test_a_trainers_bf16_update_is_quantized_where_it_lands(monkeypatch, bucket):
+    from sglang_mxfp8.sglang import direct
+
+    monkeypatch.setattr(direct, "QUANTIZE_RUN_ELEMENTS", 3 * I * H)
+    bf16_update_quantized_where_it_lands("cpu", bucket)
+
+
+def test_back_to_back_runs_split_where_tensors_do_not_follow():
+    from sglang_mxfp8.sglang.direct import _back_to_back
+
+    class Tracker:
+        def __init__(self, rounding):
+            self.rounding = rounding
+
+    landing = lambda rounding: type("L", (), {"tracker": Tracker(rounding)})()  # noqa: E731
+    flat = torch.zeros(1024, dtype=torch.bfloat16)
+    other = torch.zeros(64, dtype=torch.bfloat16)
+    items = [(flat[0:64], landing("ceil")), (flat[64:128], landing("ceil")), (flat[160:224], landing("ceil")),
+             (flat[224:288], landing("floor")), (other, landing("floor")), (flat[288:352].float(), landing("floor"))]
+    runs = list(_back_to_back([(t, lnd, None) for t, lnd in items]))
+    assert [len(r) for r in runs] == [2, 1, 1, 1, 1]

@@ -5,9 +5,10 @@ A refit of 16 Qwen3-30B-A3B layers carries about 12,500 MXFP8 tensors (each expe
 spends Python on each: the model's name matching against every expert's mapping, FusedMoE's loader, our load tracker.
 A landing is learned only where SGLang's loaders did exactly one thing with the tensor: one ``copy_`` of it (or of a
 view of it, a tensor-parallel shard) into one MXFP8 parameter, through the load tracker, and nothing else written while
-the model handled it. A tensor with another dtype or shape than the one learned (a trainer's BF16, a wrong
-checkpoint) goes through SGLang's loaders as before, with their checks and errors; so does every tensor of a model
-whose parameters moved (the landings are views of their storage, which is then forgotten).
+the model handled it. A trainer's BF16 / FP16 / FP32 tensor for an MXFP8 weight is quantized where the weight lives
+and lands with its scale, as the load tracker would do it. A tensor with another dtype or shape than the one learned
+(a wrong checkpoint) goes through SGLang's loaders as before, with their checks and errors; so does every tensor of a
+model whose parameters moved (the landings are views of their storage, which are then forgotten).
 ``SGLANG_MXFP8_DIRECT_COPIES=0`` sends every tensor through SGLang's loaders."""
 
 from __future__ import annotations
@@ -85,6 +86,30 @@ def _landing(tensor: torch.Tensor, writes: _Writes, calls: list) -> Optional[Lan
     return Landing(dest, source, tensor.dtype, tensor.shape, tracker, slot, key)
 
 
+QUANTIZE_RUN_ELEMENTS = 1 << 28  # a float run quantized in one pass holds at most this many elements
+
+
+def _back_to_back(floats: List[tuple]) -> Iterator[List[tuple]]:
+    """``floats`` in runs of tensors lying back to back in one storage, of one dtype and scale rounding, up to
+    :data:`QUANTIZE_RUN_ELEMENTS` (a larger tensor alone)."""
+    run: List[tuple] = []
+    size = 0
+    for item in floats:
+        t = item[0]
+        if run:
+            last = run[-1][0]
+            follows = (t.dtype == last.dtype and item[1].tracker.rounding == run[-1][1].tracker.rounding
+                       and t.untyped_storage().data_ptr() == last.untyped_storage().data_ptr()
+                       and t.storage_offset() == last.storage_offset() + last.numel())
+            if not follows or size + t.numel() > QUANTIZE_RUN_ELEMENTS:
+                yield run
+                run, size = [], 0
+        run.append(item)
+        size += t.numel()
+    if run:
+        yield run
+
+
 class DirectLoads:
     """Stands in for a model's ``load_weights``: tensors with a landing are copied there, the rest go to the model's
     own ``load_weights`` (whose handling of each teaches a landing where it can)."""
@@ -99,7 +124,9 @@ class DirectLoads:
         self._forget_moved()
         self.direct = self.total = 0
         if isinstance(weights, (list, tuple)):  # a tensor update: SGLang's models take it as a list
-            rest = [(name, t) for name, t in weights if not self._copied(name, t)]
+            floats: List[tuple] = []
+            rest = [(name, t) for name, t in weights if not self._copied(name, t, floats)]
+            self._quantize(floats)
             result = self.load_weights(rest, *args, **kwargs)
         else:
             stream = self._learning(weights)
@@ -112,42 +139,63 @@ class DirectLoads:
                         self.total)
         return result
 
-    def _copied(self, name: str, tensor: torch.Tensor) -> bool:
+    def _copied(self, name: str, tensor: torch.Tensor, floats: Optional[list] = None) -> bool:
         """Copy ``tensor`` to its landing; False where it has none, or differs from the tensor it was learned from
-        (other than a trainer's float tensor on the GPU for an MXFP8 weight whose scale's landing is known too: that
-        one is quantized there, as the load tracker would, and both copied)."""
+        (other than a trainer's float tensor, on the device of an MXFP8 weight whose scale's landing is known too:
+        that one is quantized, as the load tracker would, and both copied; queued on ``floats`` where given)."""
         self.total += 1
         landing = self.landings.get(name)
         if landing is None or tensor.shape != landing.shape or not tensor.is_contiguous():
             return False
-        start = time.perf_counter()
         if tensor.dtype == landing.dtype:
+            start = time.perf_counter()
             landing.put(tensor)
             LoadClock.copy_s += time.perf_counter() - start
         else:
             scale = self._scale_landing(name, tensor, landing)
             if scale is None:
                 return False
-            from ..ops.mxfp8_quant import quantize_mxfp8
-
-            with LoadClock.quantizing(tensor.device):
-                q, s = quantize_mxfp8(tensor, landing.tracker.rounding)
-            start = time.perf_counter()
-            landing.put(q)
-            scale.put(s)
-            LoadClock.copy_s += time.perf_counter() - start
+            if floats is None:
+                self._quantize([(tensor, landing, scale)])
+            else:
+                floats.append((tensor, landing, scale))
         self.direct += 1
         return True
 
     def _scale_landing(self, name: str, tensor: torch.Tensor, landing: Landing) -> Optional[Landing]:
-        """The landing of the scale of the MXFP8 weight ``name``, where ``tensor`` is a trainer's float tensor on
-        the GPU for it and that scale's landing is known."""
-        if not (tensor.is_cuda and tensor.dtype in FLOAT_WEIGHTS and landing.dtype == torch.float8_e4m3fn
-                and name.endswith("weight")):
+        """The landing of the scale of the MXFP8 weight ``name``, where ``tensor`` is a trainer's float tensor for it
+        on the weight's device and that scale's landing is known."""
+        if not (tensor.dtype in FLOAT_WEIGHTS and landing.dtype == torch.float8_e4m3fn and name.endswith("weight")
+                and tensor.device == landing.dest.device):
             return None
         scale = self.landings.get(name[: -len("weight")] + landing.tracker.scale_name)
         want = (*tensor.shape[:-1], tensor.shape[-1] // MX_BLOCK)
         return scale if scale is not None and scale.dtype == torch.uint8 and scale.shape == want else None
+
+    @staticmethod
+    def _quantize(floats: List[tuple]) -> None:
+        """Quantize (tensor, landing, scale landing) items and copy both where they land: tensors lying back to back
+        (a trainer's flattened bucket) in one pass over all of them, since no MX block of 32 crosses a row, let alone
+        a tensor (a Triton launch per tensor cost more than its work)."""
+        if not floats:
+            return
+        from ..format.numerics import quantize_mxfp8 as quantize_on_host
+        from ..ops.mxfp8_quant import quantize_mxfp8 as quantize_on_gpu
+
+        for run in _back_to_back(floats):
+            first, rounding = run[0][0], run[0][1].tracker.rounding
+            total = sum(t.numel() for t, _, _ in run)
+            blocks = first.as_strided((total // MX_BLOCK, MX_BLOCK), (MX_BLOCK, 1))  # every tensor of the run
+            with LoadClock.quantizing(first.device):
+                q, s = (quantize_on_gpu if first.is_cuda else quantize_on_host)(blocks, rounding)
+            q, s = q.view(-1), s.view(-1)
+            start, at = time.perf_counter(), 0
+            for t, landing, scale in run:
+                n = t.numel()
+                landing.put(q[at:at + n].view(t.shape))
+                scale.put(s[at // MX_BLOCK:(at + n) // MX_BLOCK].view(scale.shape))
+                at += n
+            LoadClock.copy_s += time.perf_counter() - start
 
     def _learning(self, weights) -> Iterator[Tuple[str, torch.Tensor]]:
         for name, tensor in weights:

@@ -18,8 +18,9 @@ def test_bf16_weights_sent_to_a_gpu_layer_are_what_convert_writes(tmp_path, roun
     bf16_in_equals_convert(tmp_path, rounding, "cuda")
 
 
-def test_bf16_weights_sent_after_a_load_are_quantized_where_they_land():
-    bf16_update_quantized_where_it_lands("cuda")
+@pytest.mark.parametrize("bucket", [False, True])
+def test_bf16_weights_sent_after_a_load_are_quantized_where_they_land(bucket):
+    bf16_update_quantized_where_it_lands("cuda", bucket)
 
 
 def test_gpu_quantizer_writes_the_cpu_quantizers_bytes():
