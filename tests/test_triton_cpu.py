@@ -476,3 +476,71 @@ def test_interpreted_mxfp8_quantizer_writes_the_torch_quantizers_bytes():
 
     p = run_python(QUANTIZE, {"TRITON_INTERPRET": "1", **importable_tests_env()}, timeout=600)
     assert p.returncode == 0 and p.stdout.startswith("equal"), p.stderr[-3000:]
+
+
+BUCKET_VALUES = r"""
+import random, torch
+from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+from sglang_mxfp8.format.checkpoint import checked_values, refused_update
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.ops import value_checks
+from sglang_mxfp8.sglang.patches.model_runner import _bucket_tensors
+
+seed = random.randrange(1 << 30)
+rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+BAD = {torch.float8_e4m3fn: [0x7F, 0xFF], torch.uint8: [0xFF], torch.bfloat16: [0x7F80, 0xFF80, 0x7FC0, 0x7F81],
+       torch.float16: [0x7C00, 0xFC00, 0x7E00], torch.float32: [0x7F800000, 0xFF800000, 0x7FC00000]}
+GOOD = {torch.bfloat16: [0x7F7F, 0x0001, 0x8000], torch.float16: [0x7BFF, 0x0001, 0x8000],  # max, subnormal, -0
+        torch.float32: [0x7F7FFFFF, 0x00000001, 0x80000000], torch.uint8: [0x7F, 0xFE], torch.float8_e4m3fn: [0x7E]}
+BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
+        torch.uint8: torch.uint8, torch.float8_e4m3fn: torch.uint8}
+for trial in range(6):
+    named = []
+    for i in range(rng.randrange(3, 12)):
+        rows, k = rng.randrange(1, 9), 32 * rng.randrange(1, 5)
+        q, s = quantize_mxfp8(torch.randn(rows, k, generator=g))
+        w = f"model.layers.{i}.mlp.down_proj.weight"
+        named += [(w, q), (w + "_scale_inv", s[:, : rng.randrange(1, s.shape[1] + 1)].contiguous())]  # odd lengths
+        dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32])
+        norm = torch.randn(rng.randrange(1, 70), generator=g).to(dtype)
+        named.append((f"model.layers.{i}.input_layernorm.weight", norm))
+        named.append((f"model.layers.{i}.ids", torch.randint(0, 255, (rng.randrange(1, 9),), dtype=torch.uint8)))
+    aligned, at = [], 0  # torch views a float at a multiple of its size only (SGLang's reconstruction too)
+    for n, t in named:
+        if at % t.element_size():
+            pad = t.element_size() - at % t.element_size()
+            aligned.append((f"{n}.pad", torch.zeros(pad, dtype=torch.uint8)))
+            at += pad
+        aligned.append((n, t.clone()))
+        at += t.numel() * t.element_size()
+    named = aligned
+    for n, t in named:
+        if t.dtype not in BITS or (t.dtype == torch.uint8 and not n.endswith("_scale_inv")):
+            continue
+        flat = t.view(-1).view(BITS[t.dtype])
+        top = 1 << (8 * t.element_size() - 1)  # int16 / int32 hold the upper half as negative numbers
+        signed = (lambda v: v if v < top or t.element_size() == 1 else v - 2 * top)
+        flat[rng.randrange(flat.numel())] = signed(rng.choice(GOOD[t.dtype]))  # the range's edges: never refused
+        if rng.random() < 0.3:
+            flat[rng.randrange(flat.numel())] = signed(rng.choice(BAD[t.dtype]))
+    bucket = FlattenedTensorBucket(named_tensors=named)
+    sent = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+    views = _bucket_tensors(sent)
+    checked = checked_values(views)
+    assert value_checks.fits(sent["flattened_tensor"], checked), seed
+    got = value_checks.bad_tensors(sent["flattened_tensor"], [t for _, _, t in checked]).tolist()
+    want = [int(refused_update([(n, t)], structure=False) is not None) for n, _, t in checked]
+    assert got == want, (seed, trial, got, want)
+    assert value_checks.first_refused(sent["flattened_tensor"], checked) == refused_update(views, structure=False), seed
+print("equal", seed)
+"""
+
+
+def test_interpreted_bucket_value_checks_refuse_what_the_torch_checks_refuse():
+    """A trainer's flattened bucket (SGLang's own FlattenedTensorBucket) checked in one launch by
+    ops/value_checks.py, run by Triton's interpreter: per tensor, the same verdict as the torch checks, on tensors at
+    odd byte offsets, with each kind of NaN / Inf bit pattern and the largest finite, subnormal and -0 values."""
+    from conftest import importable_tests_env
+
+    p = run_python(BUCKET_VALUES, {"TRITON_INTERPRET": "1", **importable_tests_env()}, timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("equal"), p.stderr[-3000:]

@@ -165,21 +165,21 @@ def refused_update(named: List[Tuple[str, "torch.Tensor"]], scale_name: str = "w
     import torch
 
     names = dict(named)
-    flags = []
-    for name, t in named:
-        is_scale = name.endswith("." + scale_name)
-        if structure:
+    if structure:
+        for name, t in named:
             problem = _structure_problem(name, t, names, scale_name, where)
             if problem:
                 return problem
-        if not values:
-            continue
-        if is_scale and t.dtype == torch.uint8:
-            flags.append((name, "holds NaN scale bytes (255)", _any(t, lambda c: c == E8M0_NAN)))
+    if not values:
+        return None
+    flags = []
+    for name, what, t in checked_values(named, scale_name):
+        if t.dtype == torch.uint8:
+            flags.append((name, what, _any(t, lambda c: c == E8M0_NAN)))
         elif t.dtype == torch.float8_e4m3fn:
-            flags.append((name, "holds NaN e4m3 values", _any(t.view(torch.uint8), lambda c: (c & 0x7F) == 0x7F)))
-        elif t.is_floating_point() and t.element_size() > 1:
-            flags.append((name, "holds NaN or Inf", _any(t, lambda c: ~torch.isfinite(c))))
+            flags.append((name, what, _any(t.view(torch.uint8), lambda c: (c & 0x7F) == 0x7F)))
+        else:
+            flags.append((name, what, _any(t, lambda c: ~torch.isfinite(c))))
     by_device: Dict["torch.device", list] = {}
     for flag in flags:
         by_device.setdefault(flag[2].device, []).append(flag)
@@ -188,6 +188,22 @@ def refused_update(named: List[Tuple[str, "torch.Tensor"]], scale_name: str = "w
             if bad:
                 return f"{name}: {what}"
     return None
+
+
+def checked_values(named: List[Tuple[str, "torch.Tensor"]], scale_name: str = "weight_scale_inv") -> list:
+    """(name, what its refusal says, tensor) of each tensor of an update whose values are checked: scales (uint8) for
+    NaN bytes (255), e4m3 weights for NaN bytes, float tensors of two bytes or more for NaN and Inf."""
+    import torch
+
+    checked = []
+    for name, t in named:
+        if name.endswith("." + scale_name) and t.dtype == torch.uint8:
+            checked.append((name, "holds NaN scale bytes (255)", t))
+        elif t.dtype == torch.float8_e4m3fn:
+            checked.append((name, "holds NaN e4m3 values", t))
+        elif t.is_floating_point() and t.element_size() > 1:
+            checked.append((name, "holds NaN or Inf", t))
+    return checked
 
 
 CHECK_CHUNK = 1 << 24  # elements a value check reads at a time: its temporaries stay small beside a large tensor

@@ -66,3 +66,41 @@ def test_a_second_refit_read_page_locks_nothing_new(tmp_path):
     first = read()
     assert 0 < first <= reader.AHEAD_BYTES + 2 * reader.RUN_BYTES + (32 << 20), first
     assert read() == 0
+
+
+def test_bucket_value_checks_on_the_gpu_refuse_what_the_torch_checks_refuse():
+    """ops/value_checks.py built for this GPU: a trainer's bucket (SGLang's FlattenedTensorBucket) with one NaN or
+    Inf in some tensors gets, per tensor, the torch checks' verdict, in one launch."""
+    import random
+
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    from sglang_mxfp8.format.checkpoint import checked_values, refused_update
+    from sglang_mxfp8.format.numerics import quantize_mxfp8
+    from sglang_mxfp8.ops import value_checks
+    from sglang_mxfp8.sglang.patches.model_runner import _bucket_tensors
+
+    seed = random.randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    named = []
+    for i in range(40):
+        q, s = quantize_mxfp8(torch.randn(256, 2048, generator=g))
+        w = f"model.layers.{i}.mlp.down_proj.weight"
+        named += [(w, q), (w + "_scale_inv", s),
+                  (f"model.layers.{i}.input_layernorm.weight", torch.randn(2048, generator=g).bfloat16())]
+    spoil = {3: ("e4m3", 0x7F), 7: ("scale", 255), 11: ("bf16", float("inf")), 99: ("e4m3", 0xFF)}
+    for i, (_, value) in spoil.items():
+        t = named[i][1]
+        if t.dtype == torch.bfloat16:
+            t[int(torch.randint(t.numel(), (), generator=g))] = value
+        else:
+            t.view(torch.uint8).view(-1)[int(torch.randint(t.numel(), (), generator=g))] = value
+    bucket = FlattenedTensorBucket(named_tensors=[(n, t.cuda()) for n, t in named])
+    sent = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+    views = _bucket_tensors(sent)
+    checked = checked_values(views)
+    assert value_checks.fits(sent["flattened_tensor"], checked)
+    got = value_checks.bad_tensors(sent["flattened_tensor"], [t for _, _, t in checked]).tolist()
+    assert got == [int(refused_update([(n, t)], structure=False) is not None) for n, _, t in checked], seed
+    assert sum(got) == len(spoil), seed
+    assert value_checks.first_refused(sent["flattened_tensor"], checked) == refused_update(views, structure=False)

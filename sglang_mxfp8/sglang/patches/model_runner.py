@@ -70,6 +70,28 @@ def _bucket_tensors(bucket: dict) -> list:
     return [(m.name, flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape)) for m in bucket["metadata"]]
 
 
+def _refused_bucket(flat, named: list, scale_name: str):
+    """:func:`refused_update` of a trainer's bucket; on a GPU its values in one launch (ops/value_checks.py) rather
+    than a few per tensor."""
+    if not flat.is_cuda:
+        return refused_update(named, scale_name)
+    from ... import error_line
+    from ...format.checkpoint import checked_values
+    from ...kernels.base import log_once
+    from ...ops import value_checks
+
+    problem = refused_update(named, scale_name, values=False)
+    checked = checked_values(named, scale_name)
+    if problem is not None or not value_checks.fits(flat, checked):
+        return problem or refused_update(named, scale_name, structure=False)
+    try:
+        return value_checks.first_refused(flat, checked)
+    except Exception as e:  # noqa: BLE001 - a kernel that does not build here: the checks one tensor at a time
+        log_once(logging.WARNING, "sglang_mxfp8: the one-launch value check of a bucket failed "
+                                  f"({error_line(e, 160)}); checking its tensors one by one")
+        return refused_update(named, scale_name, structure=False)
+
+
 def _checked_and_marking(original):
     """``update_weights_from_tensor``: an update to an MXFP8 model (named tensors, or a trainer's flattened bucket)
     checked whole (:func:`refused_update`) before any of it is written; refused, nothing is loaded and the previous
@@ -87,9 +109,10 @@ def _checked_and_marking(original):
             if load_format in (None, "direct", "flattened_bucket") and named_tensors:
                 if load_format == "flattened_bucket":  # a trainer's bucket: one flat tensor and where each lies in it
                     named = _bucket_tensors(named_tensors)
+                    problem = _refused_bucket(named_tensors["flattened_tensor"], named, scale_name)
                 else:
                     named = named_tensors = _unwrapped(named_tensors, runner)
-                problem = refused_update(named, scale_name)
+                    problem = refused_update(named, scale_name)
                 if problem is not None:
                     logger.error("sglang_mxfp8: update_weights_from_tensor refused: %s", problem)
                     return False, (f"Failed to update weights: {problem}. Nothing of this update was loaded; the "
