@@ -12,10 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-E4M3, SCALE, BF16, FP16, FP32 = range(5)  # what a tensor's bytes hold
+E4M3, SCALE, BF16, FP16, FP32 = range(5)  # what a tensor's bytes hold (the kernel compares these numbers)
 KINDS = {torch.float8_e4m3fn: E4M3, torch.uint8: SCALE, torch.bfloat16: BF16, torch.float16: FP16,
          torch.float32: FP32}
-ITEM_BYTES = (1, 1, 2, 2, 4)
 CHUNK = 1024  # elements a program reads at a time
 
 
@@ -25,7 +24,7 @@ def _bad_kernel(flat_ptr, starts_ptr, counts_ptr, kinds_ptr, bad_ptr, CHUNK: tl.
     start = tl.load(starts_ptr + i)  # int64 byte offset
     count = tl.load(counts_ptr + i)  # elements
     kind = tl.load(kinds_ptr + i)
-    width = tl.where(kind >= 4, 4, tl.where(kind >= 2, 2, 1))
+    width = tl.where(kind >= 4, 4, tl.where(kind >= 2, 2, 1))  # bytes per element: FP32; BF16, FP16; E4M3, SCALE
     found = tl.zeros((CHUNK,), dtype=tl.int32)
     for first in range(0, count, CHUNK):
         j = first + tl.arange(0, CHUNK).to(tl.int64)
