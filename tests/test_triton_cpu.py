@@ -544,3 +544,70 @@ def test_interpreted_bucket_value_checks_refuse_what_the_torch_checks_refuse():
 
     p = run_python(BUCKET_VALUES, {"TRITON_INTERPRET": "1", **importable_tests_env()}, timeout=600)
     assert p.returncode == 0 and p.stdout.startswith("equal"), p.stderr[-3000:]
+
+
+LOADED_SCAN = r"""
+import random, torch
+from sglang_mxfp8.format.checkpoint import refuse_flagged_rows, validate_loaded
+from sglang_mxfp8.format.numerics import quantize_mxfp8
+from sglang_mxfp8.layouts.fingerprints import row_fingerprints
+from sglang_mxfp8.layouts.scan_triton import fingerprint_rows, scan_loaded
+
+def refusal(f, *a):
+    try:
+        f(*a)
+    except ValueError as e:
+        return str(e)
+    return None
+
+seed = random.randrange(1 << 30)
+torch.manual_seed(seed)
+cases = 0
+# rows not a multiple of a program's 16; K/32 blocks not a multiple of the 32 read at a time; scale rows of 3 and 35
+# bytes (no word fingerprint: torch's byte path is used there)
+for r, k in [(1, 32), (37, 96), (16, 1024), (50, 1120), (9, 2048)]:
+    w = torch.randn(r, k) * torch.logspace(-4, 2, r)[:, None]
+    w[1::5, :32] = 0.0
+    w[::3, -32:] = -0.0
+    q, s = quantize_mxfp8(w)
+    s[1::5, 0] = 0  # a zero scale over a block of zeros is no missing scale
+    for trouble in ("none", "nan weight", "nan scale", "missing scale", "all three"):
+        qq, ss = q.clone(), s.clone()
+        row = random.randrange(r)
+        if trouble in ("nan weight", "all three"):
+            qq.view(torch.uint8)[row, random.randrange(k)] = random.choice([0x7F, 0xFF])
+        if trouble in ("nan scale", "all three"):
+            ss[random.randrange(r), random.randrange(k // 32)] = 255
+        if trouble in ("missing scale", "all three"):
+            ss[row, -1] = 0
+            qq.view(torch.uint8)[row, -1] = 0x38
+        sig_w, sig_s = torch.full((r,), 7, dtype=torch.int64), torch.full((r,), 7, dtype=torch.int64)
+        nonzero, flags, scale_done = scan_loaded(qq, ss, sig_w, sig_s)
+        expected = refusal(validate_loaded, qq, ss, "layer.w")
+        assert refusal(refuse_flagged_rows, flags, "layer.w") == expected, (seed, r, k, trouble, flags)
+        assert (expected is None) == (trouble == "none"), (seed, r, k, trouble, expected)
+        if expected is None:
+            assert torch.equal(nonzero, validate_loaded(qq, ss, "layer.w")), (seed, r, k)
+        assert torch.equal(sig_w, row_fingerprints(qq, torch.empty(r, dtype=torch.int64))), (seed, r, k, trouble)
+        assert scale_done == ((k // 32) % 4 == 0), (r, k)
+        if scale_done:
+            assert torch.equal(sig_s, row_fingerprints(ss, torch.empty(r, dtype=torch.int64))), (seed, r, k)
+        assert torch.equal(fingerprint_rows(qq.view(torch.uint8), torch.empty(r, dtype=torch.int64)), sig_w)
+        cases += 1
+# one byte changed anywhere changes its row's fingerprint, as on the torch path
+b = q.view(torch.uint8).clone()
+before = fingerprint_rows(b, torch.empty(b.shape[0], dtype=torch.int64))
+b[4, 2047] ^= 0x80
+after = fingerprint_rows(b, torch.empty(b.shape[0], dtype=torch.int64))
+assert (before != after).tolist() == [i == 4 for i in range(b.shape[0])]
+print("equal", cases, seed)
+"""
+
+
+def test_interpreted_loaded_weight_scan_equals_the_torch_checks_and_fingerprints():
+    """layouts/scan_triton.py run by Triton's interpreter: per row the same fingerprints as the torch steps (bit for
+    bit), the same nonzero-block map, and the same refusal, word for word, for a NaN weight byte (0x7F, 0xFF), a NaN
+    scale byte and a zero scale under nonzero weights, alone and together; shapes with row and block tails."""
+    p = run_python(LOADED_SCAN, {"TRITON_INTERPRET": "1"}, timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("equal"), p.stderr[-3000:]
+    assert int(p.stdout.split()[1]) == 25, p.stdout

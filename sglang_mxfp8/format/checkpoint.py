@@ -124,6 +124,9 @@ def has_experts(model_dir: str | Path) -> bool:
 
 
 
+NAN_WEIGHT, NAN_SCALE, MISSING_SCALE = 1, 2, 4  # what a loaded row can hold that post-load processing refuses
+
+
 def validate_loaded(weight: "torch.Tensor", scale: "torch.Tensor", name: str) -> "torch.Tensor":
     """Refuse checkpoint data that would compute garbage silently: NaN weights or scales, missing scales. Returns
     which 32-element blocks hold a nonzero element (bool ``[rows, K/32]``; a conversion needs it too).
@@ -138,19 +141,26 @@ def validate_loaded(weight: "torch.Tensor", scale: "torch.Tensor", name: str) ->
     s = scale.reshape(-1, k // MX_BLOCK)
     block_max = (w & 0x7F).reshape(w.shape[0], -1, MX_BLOCK).amax(-1)
     nonzero = block_max > 0
-    nan_scale, nan_weight, missing = (s == 255), (block_max == 0x7F), (s == 0) & nonzero
-    if not any(torch.stack([nan_scale.any(), nan_weight.any(), missing.any()]).tolist()):
-        return nonzero
-    if bool(nan_scale.any()):
-        row = int(nan_scale.any(dim=1).nonzero()[0])
-        raise ValueError(f"{name}: scale row {row} holds NaN (0xFF): the checkpoint has non-finite values there")
-    if bool(nan_weight.any()):
-        row = int(nan_weight.any(dim=1).nonzero()[0])
-        raise ValueError(f"{name}: weight row {row} holds NaN e4m3 values; fix the checkpoint")
-    row = int(missing.any(dim=1).nonzero()[0])
+    flags = ((block_max == 0x7F).any(1) * NAN_WEIGHT | (s == E8M0_NAN).any(1) * NAN_SCALE
+             | ((s == 0) & nonzero).any(1) * MISSING_SCALE)
+    refuse_flagged_rows(flags, name)
+    return nonzero
+
+
+def refuse_flagged_rows(flags: "torch.Tensor", name: str) -> None:
+    """Raise for the first refused row of a loaded weight, given per row the bits NAN_WEIGHT | NAN_SCALE |
+    MISSING_SCALE (int ``[rows]``, as ``validate_loaded`` or the GPU scan computes them); one host sync when none."""
+    if not bool(flags.any()):
+        return
+    rows = {bit: (flags & bit).nonzero() for bit in (NAN_SCALE, NAN_WEIGHT, MISSING_SCALE)}
+    if len(rows[NAN_SCALE]):
+        raise ValueError(f"{name}: scale row {int(rows[NAN_SCALE][0])} holds NaN (0xFF): the checkpoint has "
+                         "non-finite values there")
+    if len(rows[NAN_WEIGHT]):
+        raise ValueError(f"{name}: weight row {int(rows[NAN_WEIGHT][0])} holds NaN e4m3 values; fix the checkpoint")
     raise ValueError(
-        f"{name}: scale row {row} is zero under nonzero weights, as if its scale tensor was never loaded; "
-        "check that the checkpoint has a weight_scale_inv (uint8 [N, K/32]) for this weight"
+        f"{name}: scale row {int(rows[MISSING_SCALE][0])} is zero under nonzero weights, as if its scale tensor was "
+        "never loaded; check that the checkpoint has a weight_scale_inv (uint8 [N, K/32]) for this weight"
     )
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..format.checkpoint import validate_loaded
+from ..format.checkpoint import refuse_flagged_rows, validate_loaded
 from ..format.numerics import MX_BLOCK, block_exponents, count_shifted, exponents_to_scales, shift_to_block_exponents
 from .fingerprints import PartialReloadError, row_fingerprints
 
@@ -63,9 +63,7 @@ class BlockScaleConverter:
         start = time.perf_counter()
         w = weight.view(self.groups * self.rows, self.k)
         s = scale.view(self.groups * self.rows, self.k // MX_BLOCK)
-        nonzero = validate_loaded(w, s, self.name)
-        cur = row_fingerprints(w, torch.empty_like(self._sig_loaded))
-        cur_scale = row_fingerprints(s, torch.empty_like(self._sig_scale))
+        nonzero, cur, cur_scale = self._checked(w, s)
         if self._ever:
             untouched = cur == self._sig_converted
             noop = self._sig_converted == self._sig_loaded  # conversion left these bytes as loaded
@@ -108,14 +106,29 @@ class BlockScaleConverter:
         else:
             changed = self._convert_blocks(weight, scale, todo_blocks)
         converted = todo_blocks.repeat_interleave(br, dim=1)[:, : self.rows].reshape(-1)
-        self._sig_loaded[converted] = cur[converted]
-        self._sig_scale[converted] = cur_scale[converted]
+        # torch.where, not masked assignment: a boolean index costs a host sync per tensor
+        self._sig_loaded.copy_(torch.where(converted, cur, self._sig_loaded))
+        self._sig_scale.copy_(torch.where(converted, cur_scale, self._sig_scale))
         self.block_scale.copy_(exponents_to_scales(self._exps))
         row_fingerprints(w, cur)
-        self._sig_converted[converted] = cur[converted]
+        self._sig_converted.copy_(torch.where(converted, cur, self._sig_converted))
         self._ever = True
         rows = int(converted.sum())  # (a host sync)
         return ConversionStats(rows, changed, checked - start, time.perf_counter() - checked)
+
+    def _checked(self, w: torch.Tensor, s: torch.Tensor):
+        """(nonzero blocks, weight row fingerprints, scale row fingerprints) of what was loaded, refusing NaN and
+        missing scales; on a GPU one read of the weight (layouts.scan_triton), on the CPU the torch steps."""
+        cur, cur_scale = torch.empty_like(self._sig_loaded), torch.empty_like(self._sig_scale)
+        if w.is_cuda:
+            from .scan_triton import scan_loaded
+
+            nonzero, flags, scale_done = scan_loaded(w, s, cur, cur_scale)
+            refuse_flagged_rows(flags, self.name)
+            if not scale_done:
+                row_fingerprints(s, cur_scale)
+            return nonzero, cur, cur_scale
+        return validate_loaded(w, s, self.name), row_fingerprints(w, cur), row_fingerprints(s, cur_scale)
 
     def _convert_whole(self, w: torch.Tensor, s: torch.Tensor, nonzero: torch.Tensor) -> int:
         """Every block reloaded (a whole refit), row blocks aligned with the groups: ``w [G * R, K]`` converted as one

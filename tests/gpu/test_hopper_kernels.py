@@ -769,3 +769,45 @@ def test_block_scale_conversion_on_the_gpu_equals_the_cpu_conversion(groups, row
     (cq, cs, cchanged), (gq, gs, gchanged) = done["cpu"], done["cuda"]
     assert torch.equal(gq.view(torch.uint8), cq.view(torch.uint8)) and torch.equal(gs, cs)
     assert gchanged == cchanged
+
+
+@pytest.mark.parametrize("rows,k", [(24576, 2048), (5120, 2048), (1000, 2080), (37, 96)])
+def test_block_scale_conversion_loaded_scan_on_the_gpu_equals_the_torch_steps(rows, k):
+    """layouts.scan_triton built for this GPU: one read of a loaded weight gives the torch steps' row fingerprints of
+    weight and scale bit for bit (computed on the CPU), their nonzero-block map, and their refusal, word for word, of
+    a NaN weight byte, a NaN scale byte and a zero scale under nonzero weights; 16 experts of a Qwen3-30B-A3B w13 among
+    them."""
+    from sglang_mxfp8.format.checkpoint import refuse_flagged_rows, validate_loaded
+    from sglang_mxfp8.layouts.fingerprints import row_fingerprints
+    from sglang_mxfp8.layouts.scan_triton import scan_loaded
+
+    def refusal(f, *a):
+        try:
+            f(*a)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    g = torch.Generator().manual_seed(rows + k)
+    q, s = quantize_mxfp8(torch.randn(rows, k, generator=g) * 0.02)
+    q.view(torch.uint8)[1::7, :32] = 0
+    s[1::7, 0] = 0  # a zero scale over zeros: no refusal
+    for trouble in ("none", "nan weight", "nan scale", "missing scale"):
+        qq, ss = q.clone(), s.clone()
+        row = rows * 2 // 3
+        if trouble == "nan weight":
+            qq.view(torch.uint8)[row, k - 1] = 0xFF
+        elif trouble == "nan scale":
+            ss[row, 0] = 255
+        elif trouble == "missing scale":
+            ss[row, -1] = 0
+        sig_w = torch.empty(rows, dtype=torch.int64, device="cuda")
+        sig_s = torch.empty_like(sig_w)
+        nonzero, flags, scale_done = scan_loaded(qq.cuda(), ss.cuda(), sig_w, sig_s)
+        expected = refusal(validate_loaded, qq, ss, "w")
+        assert refusal(refuse_flagged_rows, flags, "w") == expected and (expected is None) == (trouble == "none")
+        assert torch.equal(sig_w.cpu(), row_fingerprints(qq, torch.empty(rows, dtype=torch.int64))), trouble
+        if scale_done:
+            assert torch.equal(sig_s.cpu(), row_fingerprints(ss, torch.empty(rows, dtype=torch.int64))), trouble
+        if expected is None:
+            assert torch.equal(nonzero.cpu(), validate_loaded(qq, ss, "w"))
