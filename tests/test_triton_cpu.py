@@ -611,3 +611,56 @@ def test_interpreted_loaded_weight_scan_equals_the_torch_checks_and_fingerprints
     p = run_python(LOADED_SCAN, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0 and p.stdout.startswith("equal"), p.stderr[-3000:]
     assert int(p.stdout.split()[1]) == 25, p.stdout
+
+
+SPLIT_K = r"""
+import random, torch
+from sglang_mxfp8.ops.triton_sm90.act_quant import quantize_act_1x128
+from sglang_mxfp8.ops.triton_sm90.dense_w8a8 import w8a8_gemm
+from sglang_mxfp8.ops.triton_sm90.splitk_w8a8 import splitk_config, splitk_w8a8_gemm
+from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
+seed = random.randrange(1 << 30)
+torch.manual_seed(seed)
+worst = 0.0
+# N and K tails (K a multiple of 32, not of 128), every power-of-two token tile, one split and several (K ranges that
+# do not divide the groups evenly)
+for m, n, k, split in [(1, 64, 128, 1), (5, 130, 352, 2), (16, 200, 1024, 3), (33, 64, 2048, 5), (128, 96, 640, 1),
+                       (70, 72, 1184, 4)]:
+    x = (torch.randn(m, k) * torch.logspace(-2, 2, k)).to(torch.bfloat16)
+    w, ws = quantize_mxfp8(torch.randn(n, k) * torch.logspace(-3, 1, n)[:, None])
+    bs, _ = convert_to_block_scales(w, ws, 1)
+    product = x.double() @ dequantize_block_fp8(w, bs, 1).double().t()
+    bias = (torch.randn(n) * product.abs().mean()).to(torch.bfloat16)  # the product's size: a doubled bias shows
+    cfg = dict(splitk_config(m, n, k), SPLIT=split)
+    out = splitk_w8a8_gemm(x, w, bs, bias, cfg)
+    q, s = quantize_act_1x128(x)  # the interpreter's float->e4m3 cast, as in the kernel (not the GPU's rounding)
+    ref = (q.double() * s.double().repeat_interleave(128, 1)[:, :k]) @ dequantize_block_fp8(w, bs, 1).double().t()
+    ref += bias.double()
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    # BF16 output rounding (the interpreter's store truncates: up to 2**-7 per element)
+    assert err == err and err < 1e-2, (seed, m, n, k, split, err)
+    if split == 1:  # one launch, the same sums in the same order as the M x N tiled kernel on act_quant's operands
+        assert torch.equal(out, w8a8_gemm(q, s, w, bs, torch.bfloat16, bias)), (seed, m, n, k)
+    worst = max(worst, err)
+    if m > 1:  # a NaN in one token: that token's row is NaN, the others as before
+        bad = x.clone()
+        bad[m // 2, k - 1] = float("nan")
+        nan_out = splitk_w8a8_gemm(bad, w, bs, bias, cfg)
+        assert nan_out[m // 2].isnan().all() and torch.equal(torch.cat([nan_out[:m // 2], nan_out[m // 2 + 1:]]),
+                                                              torch.cat([out[:m // 2], out[m // 2 + 1:]])), (m, split)
+cfg = splitk_config(16, 5120, 2048)
+assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT"]) == (16, 64, 4), cfg
+assert splitk_config(128, 2048, 4096)["SPLIT"] == 8 and splitk_config(100, 2048, 4096)["BLOCK_M"] == 128
+print("close", worst, seed)
+"""
+
+
+def test_interpreted_split_k_gemm_matches_float64_on_the_quantized_operands():
+    """ops/triton_sm90/splitk_w8a8.py run by Triton's interpreter: its in-kernel activation quantization and the
+    (split) K sum give the float64 product of the operands act_quant's kernel gives, within BF16 output rounding, at
+    1-128 tokens with N and K tails, one K split and several (unsplit: the tiled kernel's bytes); a NaN token's row
+    is NaN and the other rows unchanged."""
+    p = run_python(SPLIT_K, {"TRITON_INTERPRET": "1"}, timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("close"), p.stderr[-3000:]
+    assert float(p.stdout.split()[1]) < 1e-2

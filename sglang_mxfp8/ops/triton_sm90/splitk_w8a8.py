@@ -1,0 +1,96 @@
+"""``splitk_w8a8_gemm``: a few tokens (up to 128) through an FP8 weight at the speed of its bytes.
+
+At 16-128 tokens a dense layer's time is the weight's bytes over the memory bandwidth, if enough of them are in flight:
+tiles of M x N leave most SMs idle (N=5120 in tiles of 64 is 80 programs on 132 SMs) and read the weight once per M
+tile. Here one program owns BLOCK_N weight rows and a K range (``split`` programs share each row block), every token
+at once: the weight is read exactly once, by ``N / BLOCK_N * split`` programs. The product is computed transposed,
+``W [BLOCK_N, 128] @ xq^T [128, M]``, so the weight rows fill the tensor core's wide side and the few tokens its
+narrow one. The activation is quantized inside (amax / 448 per token and 128-K group, as ``act_quant`` does, from
+the same BF16 values: bit for bit its e4m3 and scales), so a layer is one launch when ``split`` is 1; split programs
+add their float32 partials atomically into a zeroed buffer, cast after.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .act_quant import GROUP_K, e4m3_groups
+
+MAX_TOKENS = 128
+
+
+@triton.jit
+def _splitk_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, KB, stride_xm, stride_wn, stride_sn,
+                   stride_om, BLOCKS_PER_SPLIT, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n, mask_m = offs_n < N, offs_m < M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    first = split * BLOCKS_PER_SPLIT
+    for kb in range(first, tl.minimum(first + BLOCKS_PER_SPLIT, KB)):
+        k = kb * GROUP + tl.arange(0, GROUP)
+        mk = k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None] & mk[None, :],
+                    other=0.0).to(tl.float32)
+        xq, xs = e4m3_groups(x)
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k[None, :], mask=mask_n[:, None] & mk[None, :],
+                    other=0.0)
+        ws = tl.load(ws_ptr + offs_n * stride_sn + kb, mask=mask_n, other=0.0)
+        acc += tl.dot(w, tl.trans(xq)) * ws[:, None] * xs[None, :]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=mask_n & (split == 0), other=0.0).to(tl.float32)
+        acc += bias[:, None]
+    out = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None]
+    ok = mask_n[:, None] & mask_m[None, :]
+    if ATOMIC:
+        tl.atomic_add(out, acc, mask=ok, sem="relaxed")
+    else:
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def splitk_config(m: int, n: int, k: int, sms: int = 132) -> dict:
+    """BLOCK_M: the tokens rounded up to 16 (the tensor core's narrow side; 16 is its least). BLOCK_N 64, and as many
+    splits of K as it takes to give every SM about two programs, no split shorter than 4 groups of 128."""
+    kb = triton.cdiv(k, GROUP_K)
+    block_n = 64
+    tiles = triton.cdiv(n, block_n)
+    split = max(1, min(triton.cdiv(2 * sms, tiles), kb // 4))
+    return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, SPLIT=split, num_warps=4, num_stages=4)
+
+
+def splitk_w8a8_gemm(x: torch.Tensor, w: torch.Tensor, w_s: torch.Tensor, bias=None, config: dict | None = None):
+    """x [M, K] bf16/fp16 (M <= 128), w [N, K] e4m3, w_s [N, ceil(K/128)] float32 per-row 1x128 scales -> [M, N] of
+    x's dtype. ``config``: BLOCK_M, BLOCK_N, SPLIT, num_warps, num_stages (default :func:`splitk_config`)."""
+    m, k = x.shape
+    n = w.shape[0]
+    if m > MAX_TOKENS:
+        raise ValueError(f"splitk_w8a8_gemm takes up to {MAX_TOKENS} tokens, got {m}")
+    kb = triton.cdiv(k, GROUP_K)
+    cfg = dict(config or splitk_config(m, n, k, _sms(x.device)))
+    split = cfg.pop("SPLIT")
+    per_split = triton.cdiv(kb, split)
+    split = triton.cdiv(kb, per_split)  # no program without a K group
+    atomic = split > 1
+    out = torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else \
+        torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m:
+        x = x.contiguous()
+        _splitk_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
+            x, w, w_s, bias if bias is not None else w_s, out, m, n, k, kb, x.stride(0), w.stride(0), w_s.stride(0),
+            out.stride(0), per_split, HAS_BIAS=bias is not None, ATOMIC=atomic, GROUP=GROUP_K, **cfg)
+    return out.to(x.dtype) if atomic else out
+
+
+_SMS: dict = {}
+
+
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
