@@ -26,7 +26,7 @@ SMOKE_TESTS = ("test_backend_matches_reference or test_moe_gemv_matches_referenc
                "test_cutlass_grouped_moe_matches_reference or test_triton_bias_and_cuda_graph_replay or "
                "test_the_flag_plans_the_trimmed_module_and_it_builds or test_qwen3_30b_layer_matches_float32_reference "
                "or test_masked or test_bf16_weights_sent or test_block_scale_conversion or "
-               "test_gpu_quantizer or test_a_second_refit_read or test_bucket_value_checks")
+               "test_gpu_quantizer or test_a_second_refit_read or test_bucket_value_checks or test_split_k_gemm")
 # GPU test files that start servers, left out of the smoke subset: the routine that runs their short version instead
 SERVED_TESTS = {"test_refused_refits.py": "refit", "test_refit_paths.py": "refit"}
 
