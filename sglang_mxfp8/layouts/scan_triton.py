@@ -79,6 +79,8 @@ def _launch(w: torch.Tensor, s: torch.Tensor, check: bool, scale_sig: bool, sig_
     ks = k // MX_BLOCK
     nonzero = torch.empty((r, ks) if check else (1, 1), dtype=torch.bool, device=w.device)
     flags = torch.empty(r if check else 1, dtype=torch.int32, device=w.device)
+    if r == 0:
+        return nonzero, flags
     words, s = w.view(torch.uint8).view(torch.int32), s.view(torch.uint8)
     s_words = s.view(torch.int32) if scale_sig else s
     _scan_kernel[(triton.cdiv(r, ROWS),)](words, s, s_words, nonzero.view(torch.uint8), flags, sig_w, sig_s, r, ks,
