@@ -69,6 +69,32 @@ def test_tensors_share_a_buffer_where_they_lie_back_to_back_at_offsets_their_dty
     assert got == [(["a", "b", "c"], 0, 17), (["d"], 17, 19), (["e"], 19, 59), (["f", "g"], 100, 109)]
 
 
+def test_runs_of_a_converted_checkpoint_share_buffers_so_a_read_allocates_about_its_bytes(tmp_path, monkeypatch):
+    """safetensors writes by dtype, then name, so in name order an MXFP8 weight and its scale lie far apart and nearly
+    every run is one tensor: a buffer per run would page-lock 16 MiB per tensor (about 50 GB for a 4-layer
+    Qwen3-30B-A3B-shaped checkpoint of 3.8 GB). Runs are packed into shared buffers: what a read allocates is its
+    bytes and one buffer's worth more, and the tensors are still safetensors' own."""
+    from sglang_mxfp8.bench.tiny_model import write_qwen3_moe
+    from sglang_mxfp8.format import reader
+    from sglang_mxfp8.format.convert import convert
+
+    monkeypatch.setattr(reader, "RUN_BYTES", 1 << 20)
+    write_qwen3_moe(tmp_path / "bf16", layers=2, experts=16)
+    convert(tmp_path / "bf16", tmp_path / "mx")
+    files = sorted(str(p) for p in (tmp_path / "mx").glob("*.safetensors"))
+    buffers, total, count = reader.Buffers(pinned=False), 0, 0
+    for path in files:
+        for run, start, end in reader.runs(reader.tensor_entries(path)[0], reader.RUN_BYTES):
+            buffers.region(end - start)
+            total, count = total + end - start, count + 1
+    assert count > 150 and total > 4 << 20  # most runs one tensor; one buffer each would be 150 MiB
+    assert total <= buffers.allocated <= 1.1 * total + reader.RUN_BYTES, (buffers.allocated, total)
+    got = list(read_tensors(files, pinned=False, threads=4, ahead_bytes=3 << 20))
+    want = list(_safetensors(files))
+    assert [n for n, _ in got] == [n for n, _ in want]
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for (_, a), (_, b) in zip(got, want))
+
+
 def test_a_loader_that_stops_early_leaves_no_read_running(tmp_path):
     files = _checkpoint(tmp_path, seed=1)
     it = read_tensors(files, pinned=False, threads=4, ahead_bytes=1 << 20)
@@ -116,3 +142,17 @@ def test_sglangs_loader_reads_through_it_during_an_mxfp8_refit_only(tmp_path):
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got == {"patched": True, "ours": "read_tensors", "n": 42, "same": True,
                    "after": "safetensors_weights_iterator"}, got
+
+
+def test_a_read_stops_page_locking_at_its_cap_and_says_how_much_it_read_pageable(monkeypatch):
+    """Whatever keeps a refit's buffers alive, page-locking stops once torch's pinned pool (its own statistic, stood in
+    for here: this machine has no GPU to page-lock with) has grown by the cap since the read began."""
+    from sglang_mxfp8.format import reader
+
+    pool = [5 << 30]
+    monkeypatch.setattr(reader, "pinned_pool_bytes", lambda: pool[0])
+    buffers = reader.Buffers(pinned=True, pinned_cap=64 << 20)
+    assert buffers.pin(16 << 20) and buffers.pin(64 << 20) and not buffers.pin((64 << 20) + 1)
+    pool[0] += 48 << 20
+    assert buffers.pin(16 << 20) and not buffers.pin(17 << 20)
+    assert not reader.Buffers(pinned=False).pin(1)

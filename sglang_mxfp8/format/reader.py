@@ -3,10 +3,14 @@ ahead of the loader (one copy out of the page cache; the loader's copy to the GP
 instead of into pageable memory that the copy to the GPU stages again. Tensors come out per file in name order, as
 SGLang's own iterators give them, as views of buffers that each hold a run of tensors lying back to back in the file
 (16 MB, or one larger tensor): a weight's scale of a few KB costs a view, not a read of its own with its thread
-hand-off, and a large tensor is read by several threads. torch's pinned-memory cache reuses a buffer once the loader
-lets go of its tensors (a loader that keeps one keeps its buffer); it rounds each block up to a power of two and hands
-a block out again for that size only, so every page-locked run buffer is :data:`RUN_BYTES`: a refit page-locks new
-memory only for what is read ahead of the loader, and only the first time."""
+hand-off, and a large tensor is read by several threads.
+
+Name order is not file order (safetensors writes by dtype, then name: an MXFP8 weight and its scale lie far apart),
+so most runs are one tensor; runs are packed one after another into shared :data:`RUN_BYTES` buffers, and what is
+read ahead is counted in buffer bytes. torch's pinned-memory cache reuses a buffer once the loader lets go of its
+tensors; it rounds each block up to a power of two and hands a block out again for that size only, so every shared
+buffer is :data:`RUN_BYTES`: a refit page-locks new memory only for what is read ahead of the loader (and for tensors
+larger than a buffer), and only the first time."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import json
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from typing import Deque, Iterable, Iterator, List, Tuple
+from typing import Deque, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -26,6 +30,7 @@ READ_THREADS = 8
 AHEAD_BYTES = 256 << 20  # read ahead of the loader at most this much (page-locked): 64 pieces for the threads
 RUN_BYTES = 16 << 20  # tensors lying back to back in the file share a buffer up to this size
 PIECE_BYTES = 4 << 20  # one thread's read
+PINNED_GROWTH_CAP = 4 << 30  # a read page-locks at most this much new memory; past it, it reads into pageable memory
 
 
 class UnreadableTensor(ValueError):
@@ -74,10 +79,11 @@ def _read(fd: int, view: memoryview, offset: int) -> None:
         done += n
 
 
-def read_tensors(files: Iterable[str], pinned: bool, threads: int = READ_THREADS,
-                 ahead_bytes: int = AHEAD_BYTES) -> Iterator[Tuple[str, torch.Tensor]]:
+def read_tensors(files: Iterable[str], pinned: bool, threads: int = READ_THREADS, ahead_bytes: int = AHEAD_BYTES,
+                 buffers: Optional["Buffers"] = None) -> Iterator[Tuple[str, torch.Tensor]]:
     """(name, tensor) of every tensor of ``files``, per file in name order; ``pinned``: in page-locked memory (needs a
-    GPU)."""
+    GPU); ``buffers``: where they are read (what it allocated can be asked afterwards)."""
+    buffers = buffers or Buffers(pinned)
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mxfp8-read") as pool:
         for path in files:
             entries, data = tensor_entries(path)
@@ -86,34 +92,78 @@ def read_tensors(files: Iterable[str], pinned: bool, threads: int = READ_THREADS
             try:
                 queued = 0
                 for run, start, end in runs(entries, RUN_BYTES):
-                    while pending and queued + (end - start) > ahead_bytes:
-                        queued -= pending[0][2].numel()
-                        yield from _tensors(*pending.popleft())
-                    buf = _buffer(end - start, pinned)
-                    view = memoryview(buf.numpy())[: end - start]
+                    new = buffers.new_bytes(end - start)
+                    while pending and queued + new > ahead_bytes:
+                        queued -= pending[0][4]
+                        yield from _tensors(*pending.popleft()[:4])
+                    region = buffers.region(end - start)
+                    view = memoryview(region.numpy())
                     reads = [pool.submit(_read, fd, view[p:p + PIECE_BYTES], data + start + p)
                              for p in range(0, end - start, PIECE_BYTES)]
-                    pending.append((run, start, buf, reads))
-                    queued += end - start
+                    pending.append((run, start, region, reads, new))
+                    queued += new
                 while pending:
-                    yield from _tensors(*pending.popleft())
+                    yield from _tensors(*pending.popleft()[:4])
             finally:  # a loader that stopped early (a refused refit): reads not started dropped, running ones end
-                for _, _, _, reads in pending:
+                for _, _, _, reads, _ in pending:
                     for future in reads:
                         if not future.cancel():
                             future.exception()
                 os.close(fd)
 
 
-def _buffer(nbytes: int, pinned: bool) -> torch.Tensor:
-    """Where a run of ``nbytes`` is read: page-locked, :data:`RUN_BYTES` or the one larger tensor's size."""
-    if not pinned or nbytes == 0:
-        return torch.empty(nbytes, dtype=torch.uint8)
-    return torch.empty(max(nbytes, RUN_BYTES), dtype=torch.uint8, pin_memory=True)
+class Buffers:
+    """Where runs are read: one after another in a shared :data:`RUN_BYTES` buffer (each at a 64-byte boundary, so any
+    dtype can be viewed there), a run larger than that in a buffer of its own; page-locked where ``pinned``, until
+    torch's page-locked pool has grown by ``pinned_cap`` since this read began (whatever keeps buffers alive, a
+    refit must not page-lock the host's memory away)."""
+
+    ALIGN = 64
+
+    def __init__(self, pinned: bool, pinned_cap: int = PINNED_GROWTH_CAP):
+        self.pinned, self.pinned_cap = pinned, pinned_cap
+        self.shared, self.used = None, RUN_BYTES
+        self.allocated = 0  # bytes of every buffer allocated so far
+        self.pageable = 0  # bytes of those read into pageable memory: the page-locked pool had grown past the cap
+        self._pool_start = pinned_pool_bytes() if pinned else 0
+
+    def new_bytes(self, nbytes: int) -> int:
+        """How many bytes a region of ``nbytes`` allocates anew."""
+        if nbytes > RUN_BYTES:
+            return nbytes
+        return RUN_BYTES if nbytes and self.used + nbytes > RUN_BYTES else 0
+
+    def region(self, nbytes: int) -> torch.Tensor:
+        new = self.new_bytes(nbytes)
+        self.allocated += new
+        if nbytes > RUN_BYTES:
+            return self._allocate(nbytes)
+        if new:
+            self.shared, self.used = self._allocate(RUN_BYTES), 0
+        if not nbytes:
+            return torch.empty(0, dtype=torch.uint8)
+        at = self.used
+        self.used += -(-nbytes // self.ALIGN) * self.ALIGN
+        return self.shared[at:at + nbytes]
+
+    def pin(self, nbytes: int) -> bool:
+        """Whether a new buffer of ``nbytes`` is page-locked."""
+        return self.pinned and pinned_pool_bytes() - self._pool_start + nbytes <= self.pinned_cap
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        pin = self.pin(nbytes)
+        self.pageable += 0 if pin or not self.pinned else nbytes
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
 
 
-def _tensors(run: List[tuple], start: int, buf: torch.Tensor, reads: list) -> Iterator[Tuple[str, torch.Tensor]]:
+def pinned_pool_bytes() -> int:
+    """Bytes of page-locked blocks torch's host allocator owns (in use and cached); 0 where torch does not say."""
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    return stats().get("allocated_bytes.current", 0) if stats and torch.cuda.is_available() else 0
+
+
+def _tensors(run: List[tuple], start: int, region: torch.Tensor, reads: list) -> Iterator[Tuple[str, torch.Tensor]]:
     for future in reads:
         future.result()
     for name, dtype, shape, s, e in run:
-        yield name, buf[s - start:e - start].view(dtype).reshape(shape)
+        yield name, region[s - start:e - start].view(dtype).reshape(shape)

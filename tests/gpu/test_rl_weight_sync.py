@@ -43,24 +43,28 @@ def test_gpu_quantizer_writes_the_cpu_quantizers_bytes():
 
 def test_a_second_refit_read_page_locks_nothing_new(tmp_path):
     """The refit reader's page-locked buffers come back from torch's pinned-memory cache on the next read: the first
-    read page-locks what it reads ahead (run buffers of one size) and the one larger tensor, the second nothing."""
+    read page-locks what it reads ahead (shared buffers of one size) and the one larger tensor, the second nothing.
+    The weights are e4m3 and their scales uint8, so (safetensors writes by dtype, then name) nearly every tensor is a
+    run of its own, as in a converted checkpoint."""
     from safetensors.torch import save_file
 
     from sglang_mxfp8.format import reader
 
     g = torch.Generator().manual_seed(3)
     tensors = {f"model.layers.{i}.mlp.experts.{e}.up_proj.{kind}": torch.randint(0, 255, shape, generator=g,
-                                                                                  dtype=torch.uint8)
-               for i in range(4) for e in range(24) for kind, shape in (("weight", (768, 2048)),
-                                                                        ("weight_scale_inv", (768, 64)))}
+                                                                                  dtype=torch.uint8).view(dtype)
+               for i in range(4) for e in range(24) for kind, shape, dtype in (
+                   ("weight", (768, 2048), torch.float8_e4m3fn), ("weight_scale_inv", (768, 64), torch.uint8))}
     tensors["model.embed_tokens.weight"] = torch.randn(4096, 4096, generator=g).bfloat16()  # 32 MiB: alone
     save_file(tensors, str(tmp_path / "model.safetensors"))
     stats = torch.cuda.host_memory_stats
 
     def read() -> int:
         before = stats()["allocated_bytes.allocated"]
-        for name, t in reader.read_tensors([str(tmp_path / "model.safetensors")], pinned=True):
-            assert t.is_pinned() and torch.equal(t, tensors[name]), name
+        buffers = reader.Buffers(pinned=True)
+        for name, t in reader.read_tensors([str(tmp_path / "model.safetensors")], pinned=True, buffers=buffers):
+            assert t.is_pinned() and torch.equal(t.view(torch.uint8), tensors[name].view(torch.uint8)), name
+        assert buffers.pageable == 0
         return stats()["allocated_bytes.allocated"] - before
 
     first = read()

@@ -80,7 +80,7 @@ def read_refits_pinned() -> None:
     import torch
     from sglang.srt.model_loader import loader
 
-    from ...format.reader import UnreadableTensor, read_tensors, tensor_entries
+    from ...format.reader import Buffers, UnreadableTensor, read_tensors, tensor_entries
     from ..weights import REFIT_READS
 
     def make(original):
@@ -94,8 +94,9 @@ def read_refits_pinned() -> None:
                     logger.info("sglang_mxfp8: %s; SGLang reads this refit's files", e)
                 else:
                     pinned = torch.cuda.is_available()
-                    tensors = read_tensors(list(hf_weights_files), pinned=pinned)
-                    return _page_locking_logged(tensors) if pinned else tensors
+                    buffers = Buffers(pinned)
+                    tensors = read_tensors(list(hf_weights_files), pinned=pinned, buffers=buffers)
+                    return _page_locking_logged(tensors, buffers) if pinned else tensors
             return original(hf_weights_files, *args, **kwargs)
 
         return weights_iterator
@@ -105,9 +106,9 @@ def read_refits_pinned() -> None:
             replace(loader, name, f"loader.pinned_refit_reads.{name}", make)
 
 
-def _page_locking_logged(tensors):
-    """``tensors``, then one line where the read page-locked new memory (torch keeps it for the next refits): the
-    first refit after a start pays for it."""
+def _page_locking_logged(tensors, buffers):
+    """``tensors``, then one line where the read page-locked new memory (torch keeps it for the next refits: the
+    first refit after a start pays for it), and a warning where the read reached its cap on page-locking."""
     import torch
 
     stats = getattr(torch.cuda, "host_memory_stats", None)
@@ -116,8 +117,12 @@ def _page_locking_logged(tensors):
         yield from tensors
     finally:
         after = stats() if stats else {}
-        grown = after.get("allocated_bytes.allocated", 0) - before.get("allocated_bytes.allocated", 0)
+        grown = after.get("allocated_bytes.current", 0) - before.get("allocated_bytes.current", 0)
         if grown > 0:
             took = (after.get("host_alloc_time.total", 0) - before.get("host_alloc_time.total", 0)) / 1e6
             logger.info("sglang_mxfp8: this refit page-locked %.0f MiB of new read buffers in %.2f s (kept for the "
                         "next refits)", grown / 2**20, took)
+        if buffers.pageable:
+            logger.warning("sglang_mxfp8: this refit's read buffers stayed alive past %.0f MiB of page-locked memory; "
+                           "%.0f MiB were read into pageable memory instead", buffers.pinned_cap / 2**20,
+                           buffers.pageable / 2**20)
