@@ -144,15 +144,24 @@ def test_sglangs_loader_reads_through_it_during_an_mxfp8_refit_only(tmp_path):
                    "after": "safetensors_weights_iterator"}, got
 
 
-def test_a_read_stops_page_locking_at_its_cap_and_says_how_much_it_read_pageable(monkeypatch):
-    """Whatever keeps a refit's buffers alive, page-locking stops once torch's pinned pool (its own statistic, stood in
-    for here: this machine has no GPU to page-lock with) has grown by the cap since the read began."""
+def test_refit_reads_page_lock_from_free_cached_blocks_then_up_to_their_cap_then_read_pageable(monkeypatch):
+    """Whatever keeps a refit's buffers alive, the page-locked pool grows by at most the cap over all reads of the
+    process; a free cached block is taken whatever the growth. torch's pool statistics (allocated_bytes, active_bytes)
+    are stood in for here: this machine has no GPU to page-lock with."""
     from sglang_mxfp8.format import reader
 
-    pool = [5 << 30]
-    monkeypatch.setattr(reader, "pinned_pool_bytes", lambda: pool[0])
-    buffers = reader.Buffers(pinned=True, pinned_cap=64 << 20)
-    assert buffers.pin(16 << 20) and buffers.pin(64 << 20) and not buffers.pin((64 << 20) + 1)
-    pool[0] += 48 << 20
-    assert buffers.pin(16 << 20) and not buffers.pin(17 << 20)
+    pool = {"owned": 5 << 30, "active": 5 << 30}  # 5 GiB page-locked by others, all in use
+    monkeypatch.setattr(reader, "pinned_pool", lambda: (pool["owned"], pool["active"]))
+    monkeypatch.setattr(reader, "_GROWN", [0])
+    first = reader.Buffers(pinned=True, pinned_cap=64 << 20)
+    assert first.pin(16 << 20) and first.pin(64 << 20) and not first.pin((64 << 20) + 1)
+    pool["owned"] += 48 << 20  # this read page-locked 48 MiB, all in use
+    pool["active"] += 48 << 20
+    assert first.pin(16 << 20) and not first.pin(17 << 20)
+    first.done()
+    pool["active"] -= 48 << 20  # the loader let go: 48 MiB cached and free
+    second = reader.Buffers(pinned=True, pinned_cap=64 << 20)
+    assert second.pin(48 << 20) and not second.pin(49 << 20)  # free blocks, then 16 MiB of growth left at most
+    pool["active"] += 48 << 20
+    assert second.pin(16 << 20) and not second.pin(17 << 20)
     assert not reader.Buffers(pinned=False).pin(1)

@@ -30,7 +30,8 @@ READ_THREADS = 8
 AHEAD_BYTES = 256 << 20  # read ahead of the loader at most this much (page-locked): 64 pieces for the threads
 RUN_BYTES = 16 << 20  # tensors lying back to back in the file share a buffer up to this size
 PIECE_BYTES = 4 << 20  # one thread's read
-PINNED_GROWTH_CAP = 4 << 30  # a read page-locks at most this much new memory; past it, it reads into pageable memory
+PINNED_GROWTH_CAP = 4 << 30  # refit reads grow torch's page-locked pool by this much at most, whatever keeps buffers
+_GROWN = [0]  # bytes by which refit reads of this process grew the pool so far
 
 
 class UnreadableTensor(ValueError):
@@ -84,39 +85,43 @@ def read_tensors(files: Iterable[str], pinned: bool, threads: int = READ_THREADS
     """(name, tensor) of every tensor of ``files``, per file in name order; ``pinned``: in page-locked memory (needs a
     GPU); ``buffers``: where they are read (what it allocated can be asked afterwards)."""
     buffers = buffers or Buffers(pinned)
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mxfp8-read") as pool:
-        for path in files:
-            entries, data = tensor_entries(path)
-            fd = os.open(path, os.O_RDONLY)
-            pending: Deque[tuple] = collections.deque()
-            try:
-                queued = 0
-                for run, start, end in runs(entries, RUN_BYTES):
-                    new = buffers.new_bytes(end - start)
-                    while pending and queued + new > ahead_bytes:
-                        queued -= pending[0][4]
+    try:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mxfp8-read") as pool:
+            for path in files:
+                entries, data = tensor_entries(path)
+                fd = os.open(path, os.O_RDONLY)
+                pending: Deque[tuple] = collections.deque()
+                try:
+                    queued = 0
+                    for run, start, end in runs(entries, RUN_BYTES):
+                        new = buffers.new_bytes(end - start)
+                        while pending and queued + new > ahead_bytes:
+                            queued -= pending[0][4]
+                            yield from _tensors(*pending.popleft()[:4])
+                        region = buffers.region(end - start)
+                        view = memoryview(region.numpy())
+                        reads = [pool.submit(_read, fd, view[p:p + PIECE_BYTES], data + start + p)
+                                 for p in range(0, end - start, PIECE_BYTES)]
+                        pending.append((run, start, region, reads, new))
+                        queued += new
+                    while pending:
                         yield from _tensors(*pending.popleft()[:4])
-                    region = buffers.region(end - start)
-                    view = memoryview(region.numpy())
-                    reads = [pool.submit(_read, fd, view[p:p + PIECE_BYTES], data + start + p)
-                             for p in range(0, end - start, PIECE_BYTES)]
-                    pending.append((run, start, region, reads, new))
-                    queued += new
-                while pending:
-                    yield from _tensors(*pending.popleft()[:4])
-            finally:  # a loader that stopped early (a refused refit): reads not started dropped, running ones end
-                for _, _, _, reads, _ in pending:
-                    for future in reads:
-                        if not future.cancel():
-                            future.exception()
-                os.close(fd)
+                finally:  # a loader that stopped early (a refused refit): reads not started dropped, running ones end
+                    for _, _, _, reads, _ in pending:
+                        for future in reads:
+                            if not future.cancel():
+                                future.exception()
+                    os.close(fd)
+    finally:
+        buffers.done()
 
 
 class Buffers:
     """Where runs are read: one after another in a shared :data:`RUN_BYTES` buffer (each at a 64-byte boundary, so any
-    dtype can be viewed there), a run larger than that in a buffer of its own; page-locked where ``pinned``, until
-    torch's page-locked pool has grown by ``pinned_cap`` since this read began (whatever keeps buffers alive, a
-    refit must not page-lock the host's memory away)."""
+    dtype can be viewed there), a run larger than that in a buffer of its own; page-locked where ``pinned``, from
+    torch's cached blocks where one is free, else newly page-locked while the reads of this process have grown the
+    pool by less than ``pinned_cap``, else pageable: whatever keeps buffers alive, refits must not page-lock the
+    host's memory away."""
 
     ALIGN = 64
 
@@ -124,8 +129,8 @@ class Buffers:
         self.pinned, self.pinned_cap = pinned, pinned_cap
         self.shared, self.used = None, RUN_BYTES
         self.allocated = 0  # bytes of every buffer allocated so far
-        self.pageable = 0  # bytes of those read into pageable memory: the page-locked pool had grown past the cap
-        self._pool_start = pinned_pool_bytes() if pinned else 0
+        self.pageable = 0  # bytes of those read into pageable memory (no free cached block, the cap reached)
+        self._pool_start = pinned_pool()[0] if pinned else 0
 
     def new_bytes(self, nbytes: int) -> int:
         """How many bytes a region of ``nbytes`` allocates anew."""
@@ -148,7 +153,15 @@ class Buffers:
 
     def pin(self, nbytes: int) -> bool:
         """Whether a new buffer of ``nbytes`` is page-locked."""
-        return self.pinned and pinned_pool_bytes() - self._pool_start + nbytes <= self.pinned_cap
+        if not self.pinned:
+            return False
+        owned, active = pinned_pool()
+        return owned - active >= nbytes or _GROWN[0] + max(0, owned - self._pool_start) + nbytes <= self.pinned_cap
+
+    def done(self) -> None:
+        """The read is over: what it grew the pool by counts against the cap of the reads after it."""
+        if self.pinned:
+            _GROWN[0] += max(0, pinned_pool()[0] - self._pool_start)
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         pin = self.pin(nbytes)
@@ -156,10 +169,14 @@ class Buffers:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
 
 
-def pinned_pool_bytes() -> int:
-    """Bytes of page-locked blocks torch's host allocator owns (in use and cached); 0 where torch does not say."""
+def pinned_pool() -> Tuple[int, int]:
+    """(bytes of page-locked blocks torch's host allocator owns, bytes of those in use); (0, 0) where torch does not
+    say."""
     stats = getattr(torch.cuda, "host_memory_stats", None)
-    return stats().get("allocated_bytes.current", 0) if stats and torch.cuda.is_available() else 0
+    if not (stats and torch.cuda.is_available()):
+        return 0, 0
+    s = stats()
+    return s.get("allocated_bytes.current", 0), s.get("active_bytes.current", 0)
 
 
 def _tensors(run: List[tuple], start: int, region: torch.Tensor, reads: list) -> Iterator[Tuple[str, torch.Tensor]]:

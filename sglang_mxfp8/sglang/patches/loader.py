@@ -108,7 +108,7 @@ def read_refits_pinned() -> None:
 
 def _page_locking_logged(tensors, buffers):
     """``tensors``, then one line where the read page-locked new memory (torch keeps it for the next refits: the
-    first refit after a start pays for it), and a warning where the read reached its cap on page-locking."""
+    first refit after a start pays for it), and a warning where refit reads reached their cap on page-locking."""
     import torch
 
     stats = getattr(torch.cuda, "host_memory_stats", None)
@@ -123,6 +123,6 @@ def _page_locking_logged(tensors, buffers):
             logger.info("sglang_mxfp8: this refit page-locked %.0f MiB of new read buffers in %.2f s (kept for the "
                         "next refits)", grown / 2**20, took)
         if buffers.pageable:
-            logger.warning("sglang_mxfp8: this refit's read buffers stayed alive past %.0f MiB of page-locked memory; "
-                           "%.0f MiB were read into pageable memory instead", buffers.pinned_cap / 2**20,
-                           buffers.pageable / 2**20)
+            logger.warning("sglang_mxfp8: refit reads have page-locked their cap of %.0f MiB and found no free "
+                           "page-locked buffer for %.0f MiB of this refit, read into pageable memory instead",
+                           buffers.pinned_cap / 2**20, buffers.pageable / 2**20)
