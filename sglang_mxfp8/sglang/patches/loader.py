@@ -45,7 +45,7 @@ def report_each_load() -> None:
     from ..direct import copy_directly
     from ..loads import LoadClock
     from ..quant_methods import ConversionReport
-    from ..weights import check_storage, mxfp8_modules
+    from ..weights import check_storage, mxfp8_modules, warm_refit_kernels
 
     cls = target(loader, "DefaultModelLoader", "loader.conversion_report")
 
@@ -67,6 +67,7 @@ def report_each_load() -> None:
                 logger.info(ConversionReport.time_line(time.perf_counter() - start))
             LoadClock.reset()  # a tensor update's line counts its own copies only
             check_storage(model)
+            warm_refit_kernels(model)
 
         return load_weights_and_postprocess
 
