@@ -153,10 +153,17 @@ def render_current(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def model_rank(shape: str) -> float:
+    """How well a model stands for what users serve: a real checkpoint above any generated one, a generated one by
+    its layers (a 4-layer model's step is mostly what both servers share)."""
+    return int(shape.split()[-2]) if is_generated(shape) else float("inf")
+
+
 def _newest(figs, routine: str, metric: str, flags: Optional[str] = None, shape: str = "") -> Optional[List[dict]]:
+    """The figure's newest run on the model that stands best for what users serve (:func:`model_rank`)."""
     found = [v for k, v in figs.items() if k[0] == routine and k[1] == metric and (flags is None or k[3] == flags)
              and shape in k[2] and k[5] is None]
-    return max(found, key=lambda g: g[0]["time"]) if found else None
+    return max(found, key=lambda g: (model_rank(g[0]["shape"]), g[0]["time"])) if found else None
 
 
 def summary(rows: Sequence[dict]) -> List[str]:
