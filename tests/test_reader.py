@@ -165,3 +165,20 @@ def test_refit_reads_page_lock_from_free_cached_blocks_then_up_to_their_cap_then
     pool["active"] += 48 << 20
     assert second.pin(16 << 20) and not second.pin(17 << 20)
     assert not reader.Buffers(pinned=False).pin(1)
+
+
+def test_past_a_gigabyte_of_growth_a_read_waits_for_its_queued_copies_before_each_new_buffer(monkeypatch):
+    """torch serves a pinned block again only once the copies queued from it are done; past the settle point a read
+    waits for them (the stream's synchronize, stood in for here) before asking for each new buffer."""
+    from sglang_mxfp8.format import reader
+
+    pool = {"owned": 0}
+    monkeypatch.setattr(reader, "pinned_pool", lambda: (pool["owned"], pool["owned"]))
+    monkeypatch.setattr(reader, "_GROWN", [0])
+    monkeypatch.setattr(reader.torch, "empty", lambda n, dtype, pin_memory: torch.zeros(n, dtype=dtype))
+    waits = []
+    buffers = reader.Buffers(pinned=True, pinned_cap=1 << 40, settle_after=32 << 20, settle=lambda: waits.append(1))
+    for _ in range(4):  # each new 16 MiB buffer grows the pool by its size
+        buffers.region(reader.RUN_BYTES)
+        pool["owned"] += reader.RUN_BYTES
+    assert buffers.settled == len(waits) == 2 and buffers.pageable == 0  # the third and the fourth waited

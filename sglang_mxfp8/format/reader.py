@@ -31,6 +31,7 @@ AHEAD_BYTES = 256 << 20  # read ahead of the loader at most this much (page-lock
 RUN_BYTES = 16 << 20  # tensors lying back to back in the file share a buffer up to this size
 PIECE_BYTES = 4 << 20  # one thread's read
 PINNED_GROWTH_CAP = 4 << 30  # refit reads grow torch's page-locked pool by this much at most, whatever keeps buffers
+PINNED_SETTLE_AFTER = 1 << 30  # past this growth in one read, wait for the queued copies before each new buffer
 _GROWN = [0]  # bytes by which refit reads of this process grew the pool so far
 
 
@@ -125,8 +126,13 @@ class Buffers:
 
     ALIGN = 64
 
-    def __init__(self, pinned: bool, pinned_cap: int = PINNED_GROWTH_CAP):
-        self.pinned, self.pinned_cap = pinned, pinned_cap
+    def __init__(self, pinned: bool, pinned_cap: int = PINNED_GROWTH_CAP, settle_after: int = PINNED_SETTLE_AFTER,
+                 settle=None):
+        self.pinned, self.pinned_cap, self.settle_after = pinned, pinned_cap, settle_after
+        # torch hands a pinned block out again only once the copies queued from it are done: waiting for them lets
+        # the cache serve the next buffer rather than page-locking a new one
+        self._settle = settle or (lambda: torch.cuda.current_stream().synchronize())
+        self.settled = 0  # how many times this read waited
         self.shared, self.used = None, RUN_BYTES
         self.allocated = 0  # bytes of every buffer allocated so far
         self.pageable = 0  # bytes of those read into pageable memory (no free cached block, the cap reached)
@@ -164,6 +170,9 @@ class Buffers:
             _GROWN[0] += max(0, pinned_pool()[0] - self._pool_start)
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
+        if self.pinned and pinned_pool()[0] - self._pool_start >= self.settle_after:
+            self._settle()
+            self.settled += 1
         pin = self.pin(nbytes)
         self.pageable += 0 if pin or not self.pinned else nbytes
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)

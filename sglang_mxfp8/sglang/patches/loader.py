@@ -122,7 +122,8 @@ def _page_locking_logged(tensors, buffers):
         if grown > 0:
             took = (after.get("host_alloc_time.total", 0) - before.get("host_alloc_time.total", 0)) / 1e6
             logger.info("sglang_mxfp8: this refit page-locked %.0f MiB of new read buffers in %.2f s (kept for the "
-                        "next refits)", grown / 2**20, took)
+                        "next refits; waited %d times for queued copies to free cached ones)", grown / 2**20, took,
+                        buffers.settled)
         if buffers.pageable:
             logger.warning("sglang_mxfp8: refit reads have page-locked their cap of %.0f MiB and found no free "
                            "page-locked buffer for %.0f MiB of this refit, read into pageable memory instead",
