@@ -66,6 +66,19 @@ def test_hopper_dense_plans(libraries, flag, n, k, deep_gemm, bands, fallback):
     assert plan.bands() == bands and plan.fallback == fallback
 
 
+def test_a_trial_kernel_is_timed_by_the_bench_but_in_no_plan_and_no_table(libraries):
+    """The split-K W8A8 GEMM has no rows yet: ``bench layers --all-kernels`` times it beside FlashInfer's GEMM (whose
+    128x128 scales it reads) at 2-128 tokens, while no flag's plan, priority list or README row holds it."""
+    spec = LinearSpec("layer", 5120, 2048)
+    timed = {e.kernel.name: (e, base.name) for e, base in r.candidates("linear", H200, spec)}
+    entry, base = timed["splitk_w8a8"]
+    assert entry.trial and base == F and entry.takes(2) and entry.takes(128) and not entry.takes(1) | entry.takes(129)
+    for flag in ("auto", "flashinfer_trtllm", "triton"):
+        assert "splitk_w8a8" not in dense(H200, flag, 5120, 2048).bands().values()
+        assert "splitk_w8a8" not in [k.name for k in r.flag_kernels("linear", H200, flag)]
+    assert "splitk_w8a8" not in r.markdown() and entry.measured == ()
+
+
 def test_plan_apply_bands_pick_by_batch_size(libraries):
     libraries(True)
     plan = dense(H200, "auto", 5120, 2048)

@@ -628,25 +628,26 @@ for m, n, k, split in [(1, 64, 128, 1), (5, 130, 352, 2), (16, 200, 1024, 3), (3
                        (70, 72, 1184, 4)]:
     x = (torch.randn(m, k) * torch.logspace(-2, 2, k)).to(torch.bfloat16)
     w, ws = quantize_mxfp8(torch.randn(n, k) * torch.logspace(-3, 1, n)[:, None])
-    bs, _ = convert_to_block_scales(w, ws, 1)
-    product = x.double() @ dequantize_block_fp8(w, bs, 1).double().t()
+    rows = 128 if m % 2 == 0 else 1  # both Hopper scale layouts: 128x128 blocks (FlashInfer's) and 1x128 (Triton's)
+    bs, _ = convert_to_block_scales(w, ws, rows)
+    product = x.double() @ dequantize_block_fp8(w, bs, rows).double().t()
     bias = (torch.randn(n) * product.abs().mean()).to(torch.bfloat16)  # the product's size: a doubled bias shows
     cfg = dict(splitk_config(m, n, k), SPLIT=split)
-    out = splitk_w8a8_gemm(x, w, bs, bias, cfg)
+    out = splitk_w8a8_gemm(x, w, bs, bias, cfg, scale_rows=rows)
     q, s = quantize_act_1x128(x)  # the interpreter's float->e4m3 cast, as in the kernel (not the GPU's rounding)
-    ref = (q.double() * s.double().repeat_interleave(128, 1)[:, :k]) @ dequantize_block_fp8(w, bs, 1).double().t()
+    ref = (q.double() * s.double().repeat_interleave(128, 1)[:, :k]) @ dequantize_block_fp8(w, bs, rows).double().t()
     ref += bias.double()
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
     err = ((out.double() - ref).norm() / ref.norm()).item()
     # BF16 output rounding (the interpreter's store truncates: up to 2**-7 per element)
     assert err == err and err < 1e-2, (seed, m, n, k, split, err)
-    if split == 1:  # one launch, the same sums in the same order as the M x N tiled kernel on act_quant's operands
+    if split == 1 and rows == 1:  # one launch, the same sums in the same order as the tiled kernel on these operands
         assert torch.equal(out, w8a8_gemm(q, s, w, bs, torch.bfloat16, bias)), (seed, m, n, k)
     worst = max(worst, err)
     if m > 1:  # a NaN in one token: that token's row is NaN, the others as before
         bad = x.clone()
         bad[m // 2, k - 1] = float("nan")
-        nan_out = splitk_w8a8_gemm(bad, w, bs, bias, cfg)
+        nan_out = splitk_w8a8_gemm(bad, w, bs, bias, cfg, scale_rows=rows)
         assert nan_out[m // 2].isnan().all() and torch.equal(torch.cat([nan_out[:m // 2], nan_out[m // 2 + 1:]]),
                                                               torch.cat([out[:m // 2], out[m // 2 + 1:]])), (m, split)
 cfg = splitk_config(16, 5120, 2048)

@@ -27,7 +27,8 @@ class Cite(NamedTuple):
 class Entry:
     """One line of a registry priority list: a kernel for batches of min_m..max_m tokens (None: no upper bound).
     ``with_base``: used only beside that base kernel (a band measured against it); ``fallback``: the flag did not
-    ask for it, so taking it is announced; ``measured``: the benchmark rows behind the band or shape list."""
+    ask for it, so taking it is announced; ``measured``: the benchmark rows behind the band or shape list; ``trial``:
+    a kernel still without rows, timed by ``sglang-mxfp8 bench layers --all-kernels`` and in no plan."""
 
     kernel: Kernel
     min_m: int = 1
@@ -35,6 +36,7 @@ class Entry:
     with_base: Optional[str] = None
     fallback: bool = False
     measured: Tuple[Cite, ...] = field(default=(), compare=False)
+    trial: bool = False
 
     @property
     def is_base(self) -> bool:

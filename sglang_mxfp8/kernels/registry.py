@@ -26,6 +26,7 @@ from .linear.flashinfer_sm90 import FlashInferSm90
 from .linear.flashinfer_sm100 import FlashInferCutlassMxfp8, FlashInferTrtllmMxfp8
 from .linear.gemv import Gemv
 from .linear.sglang_native import SglangTritonMxfp8
+from .linear.splitk import SplitKW8A8
 from .linear.triton_w8a8 import TritonW8A8
 from .linear.weight_only import WeightOnly
 from .moe.cutlass_grouped import CutlassGroupedPrefillMoE
@@ -49,8 +50,10 @@ class Table:
     bases: Dict[str, Tuple[Entry, ...]]
 
     def entries(self, flag: str) -> Tuple[Entry, ...]:
-        """The priority list of ``flag``: bands, then its bases; empty where the flag has no kernel here."""
-        return self.bands + self.bases[flag] if flag in self.bases else ()
+        """The priority list of ``flag``: bands (trials left out), then its bases; empty where the flag has no kernel
+        here."""
+        bands = tuple(e for e in self.bands if not e.trial)
+        return bands + self.bases[flag] if flag in self.bases else ()
 
     def every_entry(self) -> Tuple[Entry, ...]:
         return self.bands + tuple(e for entries in self.bases.values() for e in entries)
@@ -77,6 +80,7 @@ GEMV_CITES = sum((_layers(s, (1,), "gemv", "flashinfer_sm90", "triton_w8a8")
                   for s in (QWEN_QKV, QWEN_O, LLAMA_UP, LLAMA_DOWN)), ())
 # up to 16 tokens the weight-only GEMM beat the W8A8 whole op on layers with N <= 5120; it lost on 4096 -> 14336
 WEIGHT_ONLY = WeightOnly(max_n=5120)
+SPLITK_W8A8 = SplitKW8A8()
 TRITON_W8A8 = TritonW8A8()
 FLASHINFER_SM90 = FlashInferSm90()
 DEEPGEMM = DeepGemmDense()
@@ -100,6 +104,7 @@ SM90_DENSE = Table(
         # GEMM at 1024 and 4096 tokens on every shape and lost at 16-512 on Qwen3-30B-A3B's
         Entry(DEEPGEMM, 1024, measured=PREFILL_CITES),
         Entry(CUBLAS, 1024, measured=PREFILL_CITES),
+        Entry(SPLITK_W8A8, 2, 128, trial=True),  # the weight read once at 2-128 tokens: timed, not yet planned
     ),
     bases={"auto": FLASHINFER_FIRST, "flashinfer_trtllm": FLASHINFER_FIRST, "triton": (Entry(TRITON_W8A8),)},
 )
@@ -342,7 +347,7 @@ def markdown() -> str:
                 base = bases[0].kernel
                 others = [e.kernel.name for e in bases[1:]]
                 bands = [f"{e.kernel.name} ({e.band()})" for e in table.bands
-                         if e.with_base in (None, base.name) and e.kernel.layout_mismatch(base) is None]
+                         if not e.trial and e.with_base in (None, base.name) and e.kernel.layout_mismatch(base) is None]
                 lines.append(f"| {label} | {'dense' if kind == 'linear' else 'MoE'} | {', '.join(flags)} | "
                              f"{base.name}" + (f" ({', '.join(others)})" if others else "") + f" | "
                              f"{', '.join(bands) or '-'} |")

@@ -814,32 +814,35 @@ def test_block_scale_conversion_loaded_scan_on_the_gpu_equals_the_torch_steps(ro
 
 
 @pytest.mark.parametrize("m", [1, 16, 64, 128])
-@pytest.mark.parametrize("n,k,split", [(5120, 2048, None), (2048, 4096, None), (200, 352, 1), (2048, 4096, 3)])
-def test_split_k_gemm_matches_reference_and_replays_in_a_cuda_graph(m, n, k, split):
+@pytest.mark.parametrize("base,n,k,split", [(TRITON, 5120, 2048, None), (FLASHINFER, 2048, 4096, None),
+                                            (TRITON, 200, 352, 1), (FLASHINFER, 2048, 4096, 3)])
+def test_split_k_gemm_matches_reference_and_replays_in_a_cuda_graph(m, base, n, k, split):
     """ops/triton_sm90/splitk_w8a8.py on the GPU: the float32 product of the quantized operands (the Triton layout's
-    per-row 1x128 weight scales), K split or not (the splits' atomic sum included), with a bias and a NaN token; the
-    same bytes when a CUDA graph replays it on new activations."""
+    per-row 1x128 weight scales, FlashInfer's 128x128), K split or not (the splits' atomic sum included), with a bias
+    and a NaN token; the same bytes when a CUDA graph replays it on new activations."""
     from sglang_mxfp8.ops.triton_sm90.splitk_w8a8 import splitk_config, splitk_w8a8_gemm
 
-    layer, be = _layer(TRITON, n, k, disabled=("gemv", "weight_only"))
-    w, ws = layer.weight, layer.mxfp8_converter.block_scale[0]
+    if base is FLASHINFER:
+        pytest.importorskip("flashinfer")
+    layer, be = _layer(base, n, k, disabled=("gemv", "weight_only"))
+    w, ws, rows = layer.weight, layer.mxfp8_converter.block_scale[0], layer.mxfp8_converter.block_rows
     cfg = None if split is None else dict(splitk_config(m, n, k), SPLIT=split)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    out = splitk_w8a8_gemm(x, w, ws, bias, cfg).float()
+    out = splitk_w8a8_gemm(x, w, ws, bias, cfg, rows).float()
     ref = _reference(layer, be, x) + bias.float()
     rel = ((out - ref).norm() / ref.norm()).item()
     assert out.shape == (m, n) and torch.isfinite(out).all() and rel < 1e-2, rel
     if m > 1:
         bad = x.clone()
         bad[1, 5] = float("nan")
-        nan_out = splitk_w8a8_gemm(bad, w, ws, bias, cfg)
+        nan_out = splitk_w8a8_gemm(bad, w, ws, bias, cfg, rows)
         assert nan_out[1].isnan().all() and torch.isfinite(nan_out[0]).all()
     static = x.clone()
-    splitk_w8a8_gemm(static, w, ws, bias, cfg)  # compiled outside the capture
+    splitk_w8a8_gemm(static, w, ws, bias, cfg, rows)  # compiled outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = splitk_w8a8_gemm(static, w, ws, bias, cfg)
+        captured = splitk_w8a8_gemm(static, w, ws, bias, cfg, rows)
     fresh = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     static.copy_(fresh)
     graph.replay()

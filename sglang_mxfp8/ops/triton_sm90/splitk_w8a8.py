@@ -23,7 +23,7 @@ MAX_TOKENS = 128
 
 @triton.jit
 def _splitk_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, KB, stride_xm, stride_wn, stride_sn,
-                   stride_om, BLOCKS_PER_SPLIT, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr,
+                   stride_om, BLOCKS_PER_SPLIT, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, SCALE_ROWS: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
     pid_n, split = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -39,7 +39,7 @@ def _splitk_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, KB, stride_
         xq, xs = e4m3_groups(x)
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k[None, :], mask=mask_n[:, None] & mk[None, :],
                     other=0.0)
-        ws = tl.load(ws_ptr + offs_n * stride_sn + kb, mask=mask_n, other=0.0)
+        ws = tl.load(ws_ptr + (offs_n // SCALE_ROWS) * stride_sn + kb, mask=mask_n, other=0.0)
         acc += tl.dot(w, tl.trans(xq)) * ws[:, None] * xs[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=mask_n & (split == 0), other=0.0).to(tl.float32)
@@ -62,9 +62,11 @@ def splitk_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, SPLIT=split, num_warps=4, num_stages=4)
 
 
-def splitk_w8a8_gemm(x: torch.Tensor, w: torch.Tensor, w_s: torch.Tensor, bias=None, config: dict | None = None):
-    """x [M, K] bf16/fp16 (M <= 128), w [N, K] e4m3, w_s [N, ceil(K/128)] float32 per-row 1x128 scales -> [M, N] of
-    x's dtype. ``config``: BLOCK_M, BLOCK_N, SPLIT, num_warps, num_stages (default :func:`splitk_config`)."""
+def splitk_w8a8_gemm(x: torch.Tensor, w: torch.Tensor, w_s: torch.Tensor, bias=None, config: dict | None = None,
+                     scale_rows: int = 1):
+    """x [M, K] bf16/fp16 (M <= 128), w [N, K] e4m3, w_s [ceil(N / scale_rows), ceil(K/128)] float32 power-of-two
+    scales (``scale_rows`` 1: per row x 128 columns; 128: 128x128 blocks) -> [M, N] of x's dtype. ``config``:
+    BLOCK_M, BLOCK_N, SPLIT, num_warps, num_stages (default :func:`splitk_config`)."""
     m, k = x.shape
     n = w.shape[0]
     if m > MAX_TOKENS:
@@ -81,7 +83,8 @@ def splitk_w8a8_gemm(x: torch.Tensor, w: torch.Tensor, w_s: torch.Tensor, bias=N
         x = x.contiguous()
         _splitk_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
             x, w, w_s, bias if bias is not None else w_s, out, m, n, k, kb, x.stride(0), w.stride(0), w_s.stride(0),
-            out.stride(0), per_split, HAS_BIAS=bias is not None, ATOMIC=atomic, GROUP=GROUP_K, **cfg)
+            out.stride(0), per_split, HAS_BIAS=bias is not None, ATOMIC=atomic, SCALE_ROWS=scale_rows, GROUP=GROUP_K,
+            **cfg)
     return out.to(x.dtype) if atomic else out
 
 
