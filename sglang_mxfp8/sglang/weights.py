@@ -68,14 +68,16 @@ def warm_refit_kernels(model) -> None:
     """Compile, once per device and process, the Triton kernels a trainer's weight update runs (a bucket's value checks,
     the quantizer of BF16 tensors at the checkpoint's scale rounding), so the first update does not wait seconds for
     the compiler; a kernel that does not build is left to the update (which says so)."""
+    from .. import error_line
     from ..ops import mxfp8_quant, value_checks
 
-    trackers = [m.mxfp8_loads for _, m in mxfp8_modules(model) if getattr(m, "mxfp8_loads", None) is not None]
-    weights = [p for _, m in mxfp8_modules(model) for p in m.parameters(recurse=False) if p.is_cuda]
-    if not trackers or not weights or (weights[0].device, trackers[0].rounding) in _REFIT_KERNELS_WARM:
+    first = next(((m.mxfp8_loads.rounding, p.device) for _, m in mxfp8_modules(model)
+                  if getattr(m, "mxfp8_loads", None) is not None
+                  for p in m.parameters(recurse=False) if p.is_cuda), None)
+    if first is None or first in _REFIT_KERNELS_WARM:
         return
-    device, rounding = weights[0].device, trackers[0].rounding
-    _REFIT_KERNELS_WARM.add((device, rounding))
+    _REFIT_KERNELS_WARM.add(first)
+    rounding, device = first
     start = time.perf_counter()
     try:
         flat = torch.zeros(96, dtype=torch.uint8, device=device)
@@ -84,7 +86,7 @@ def warm_refit_kernels(model) -> None:
             mxfp8_quant.quantize_mxfp8(torch.zeros(rows, 32, dtype=torch.bfloat16, device=device), rounding)
         torch.cuda.synchronize(device)
     except Exception as e:  # noqa: BLE001 - a compiler failure: the update's own fallback says what happens
-        logger.warning("sglang_mxfp8: weight-update kernels not compiled ahead (%s)", str(e).splitlines()[0][:200])
+        logger.warning("sglang_mxfp8: weight-update kernels not compiled ahead (%s)", error_line(e, 200))
         return
     logger.info("sglang_mxfp8: weight-update kernels compiled in %.1f s", time.perf_counter() - start)
 
