@@ -136,6 +136,7 @@ class Buffers:
         self.shared, self.used = None, RUN_BYTES
         self.allocated = 0  # bytes of every buffer allocated so far
         self.pageable = 0  # bytes of those read into pageable memory (no free cached block, the cap reached)
+        self.grown = 0  # bytes by which this read grew the page-locked pool (known once it is done)
         self._pool_start = pinned_pool()[0] if pinned else 0
 
     def new_bytes(self, nbytes: int) -> int:
@@ -165,9 +166,10 @@ class Buffers:
         return owned - active >= nbytes or _GROWN[0] + max(0, owned - self._pool_start) + nbytes <= self.pinned_cap
 
     def done(self) -> None:
-        """The read is over: what it grew the pool by counts against the cap of the reads after it."""
+        """The read is over: what it grew the pool by (``grown``) counts against the cap of the reads after it."""
         if self.pinned:
-            _GROWN[0] += max(0, pinned_pool()[0] - self._pool_start)
+            self.grown = max(0, pinned_pool()[0] - self._pool_start)
+            _GROWN[0] += self.grown
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         if self.pinned and pinned_pool()[0] - self._pool_start >= self.settle_after:

@@ -112,18 +112,18 @@ def _page_locking_logged(tensors, buffers):
     first refit after a start pays for it), and a warning where refit reads reached their cap on page-locking."""
     import torch
 
-    stats = getattr(torch.cuda, "host_memory_stats", None)
-    before = stats() if stats else {}
+    def alloc_s() -> float:
+        stats = getattr(torch.cuda, "host_memory_stats", None)
+        return (stats() if stats else {}).get("host_alloc_time.total", 0) / 1e6
+
+    before = alloc_s()
     try:
-        yield from tensors
+        yield from tensors  # closing or finishing it ends the read first: buffers.grown is known below
     finally:
-        after = stats() if stats else {}
-        grown = after.get("allocated_bytes.current", 0) - before.get("allocated_bytes.current", 0)
-        if grown > 0:
-            took = (after.get("host_alloc_time.total", 0) - before.get("host_alloc_time.total", 0)) / 1e6
+        if buffers.grown > 0:
             logger.info("sglang_mxfp8: this refit page-locked %.0f MiB of new read buffers in %.2f s (kept for the "
-                        "next refits; waited %d times for queued copies to free cached ones)", grown / 2**20, took,
-                        buffers.settled)
+                        "next refits; waited %d times for queued copies to free cached ones)", buffers.grown / 2**20,
+                        alloc_s() - before, buffers.settled)
         if buffers.pageable:
             logger.warning("sglang_mxfp8: refit reads have page-locked their cap of %.0f MiB and found no free "
                            "page-locked buffer for %.0f MiB of this refit, read into pageable memory instead",
