@@ -25,9 +25,15 @@ def generated_name(layers: int) -> str:
     return f"qwen3-30b-a3b-shaped {layers} layers"
 
 
+def generated_layers(name: str) -> Optional[int]:
+    """The layers of the generated model that rows call ``name`` (:func:`generated_name`); None for any other model."""
+    found = re.fullmatch(r"qwen3-30b-a3b-shaped (\d+) layers", name)
+    return int(found.group(1)) if found else None
+
+
 def is_generated(name: str) -> bool:
     """Whether rows of model ``name`` were measured on the generated model's random weights."""
-    return bool(re.fullmatch(r"qwen3-30b-a3b-shaped \d+ layers", name))
+    return generated_layers(name) is not None
 
 
 class ModelError(ValueError):

@@ -49,11 +49,14 @@ class Table:
     bands: Tuple[Entry, ...]
     bases: Dict[str, Tuple[Entry, ...]]
 
+    @property
+    def planned_bands(self) -> Tuple[Entry, ...]:
+        """The bands a plan may hold: trial entries are timed by the bench only."""
+        return tuple(e for e in self.bands if not e.trial)
+
     def entries(self, flag: str) -> Tuple[Entry, ...]:
-        """The priority list of ``flag``: bands (trials left out), then its bases; empty where the flag has no kernel
-        here."""
-        bands = tuple(e for e in self.bands if not e.trial)
-        return bands + self.bases[flag] if flag in self.bases else ()
+        """The priority list of ``flag``: planned bands, then its bases; empty where the flag has no kernel here."""
+        return self.planned_bands + self.bases[flag] if flag in self.bases else ()
 
     def every_entry(self) -> Tuple[Entry, ...]:
         return self.bands + tuple(e for entries in self.bases.values() for e in entries)
@@ -346,8 +349,8 @@ def markdown() -> str:
             for bases, flags in flags_of.items():
                 base = bases[0].kernel
                 others = [e.kernel.name for e in bases[1:]]
-                bands = [f"{e.kernel.name} ({e.band()})" for e in table.bands
-                         if not e.trial and e.with_base in (None, base.name) and e.kernel.layout_mismatch(base) is None]
+                bands = [f"{e.kernel.name} ({e.band()})" for e in table.planned_bands
+                         if e.with_base in (None, base.name) and e.kernel.layout_mismatch(base) is None]
                 lines.append(f"| {label} | {'dense' if kind == 'linear' else 'MoE'} | {', '.join(flags)} | "
                              f"{base.name}" + (f" ({', '.join(others)})" if others else "") + f" | "
                              f"{', '.join(bands) or '-'} |")
