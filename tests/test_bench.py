@@ -254,6 +254,17 @@ def test_bench_help_and_argument_errors_import_nothing_heavy():
     assert "no routine 'speed'" in p.stderr and "RC 2 TORCH False" in p.stdout
 
 
+def test_a_model_that_is_no_checkpoint_folder_is_one_line_before_any_step(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    cases = {("--model", str(tmp_path / "missing")): f"--model {tmp_path / 'missing'}: no such folder",
+             ("--model", str(tmp_path / "notes.txt")): f"--model {tmp_path / 'notes.txt'} is a file",
+             ("--bf16-model", str(tmp_path)): f"--bf16-model {tmp_path}: no config.json there"}
+    for (flag, path), start in cases.items():
+        p = _cli("bench", flag, path, "--dry-run", "--workdir", str(tmp_path / "w"))
+        assert "RC 2 TORCH False" in p.stdout, p.stdout
+        assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith(f"sglang-mxfp8 bench: {start}"), p.stderr
+
+
 def test_bench_without_a_gpu_is_one_line():
     p = _cli("bench", "layers")
     assert "RC 2" in p.stdout and p.stderr.strip().splitlines() == [

@@ -367,6 +367,20 @@ class BenchRun:
         return 1 if self.not_run else 0
 
 
+def not_a_checkpoint(path: Optional[str]) -> Optional[str]:
+    """Why a --model / --bf16-model path is no checkpoint folder (one line), or None; checked before any step, so a
+    typo costs no server start and no traceback."""
+    if path is None:
+        return None
+    folder = Path(path).expanduser()
+    if folder.is_file():
+        return f"{path} is a file; pass the checkpoint's folder"
+    if not (folder / "config.json").is_file():
+        return (f"{path}: {'no config.json there' if folder.is_dir() else 'no such folder'}; pass a checkpoint's "
+                "folder (config.json and *.safetensors)")
+    return None
+
+
 def main(args) -> int:
     if args.routines == ["report"]:
         return report_main(args)
@@ -375,6 +389,11 @@ def main(args) -> int:
         print(f"sglang-mxfp8 bench: no routine {unknown[0]!r}; routines: {', '.join(ROUTINES)}, or 'report'",
               file=sys.stderr)
         return 2
+    for flag, path in (("--model", args.model), ("--bf16-model", args.bf16_model)):
+        problem = not_a_checkpoint(path)
+        if problem:
+            print(f"sglang-mxfp8 bench: {flag} {problem}", file=sys.stderr)
+            return 2
     suite = with_overrides(SUITES[args.suite], args)
     bench = BenchRun(suite, [r for r in ROUTINES if r in (args.routines or suite.routines)], args)
     if args.dry_run:
