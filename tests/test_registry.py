@@ -410,6 +410,33 @@ def test_flashinfer_cutlass_on_hopper_takes_the_measured_bands_beside_flashinfer
     assert "triton_w8a8_moe" not in moe(H200, "auto").bands().values()
 
 
+def test_the_up_first_cutlass_moe_is_timed_beside_flashinfers_moe_and_planned_nowhere(libraries):
+    """SGLang's CUTLASS grouped MoE on FlashInfer's [up; gate] w13 has no rows yet: ``bench layers --all-kernels``
+    times it beside FlashInfer's fused MoE (the only base writing that order) from 2048 tokens, while no flag's plan,
+    priority list or README row holds it. Its clone of SGLang's function differs from it in the activation alone."""
+    from sglang.srt.layers.moe import cutlass_moe
+
+    from sglang_mxfp8.kernels.moe.cutlass_grouped import up_first_fused_experts
+    from sglang_mxfp8.ops.triton_sm90.silu_and_mul import silu_and_mul_up_first
+
+    spec = MoESpec("experts", 128, 2048, 768)
+    timed = {e.kernel.name: (e, base.name) for e, base in r.candidates("moe", H200, spec)}
+    entry, base = timed["cutlass_moe_up_first"]
+    assert entry.trial and base == "flashinfer_cutlass_moe_sm90" and entry.takes(2048) and not entry.takes(2047)
+    assert timed["cutlass_moe"][1] != "flashinfer_cutlass_moe_sm90"
+    assert r.CUTLASS_MOE_UP_FIRST.layout_mismatch(r.TRITON_MOE) == (
+        "reads w13 as [up; gate]; triton_moe loads it as [gate; up]")
+    for flag in ("auto", "triton", "flashinfer_cutlass"):
+        assert "cutlass_moe_up_first" not in moe(H200, flag).bands().values()
+        assert "cutlass_moe_up_first" not in [k.name for k in r.flag_kernels("moe", H200, flag)]
+    assert "cutlass_moe_up_first" not in r.markdown() and entry.measured == ()
+    clone, original = up_first_fused_experts(), cutlass_moe.cutlass_fused_experts_fp8
+    assert clone is not original and clone.__code__ is original.__code__
+    assert clone.__globals__["silu_and_mul"] is silu_and_mul_up_first
+    assert {n: v for n, v in clone.__globals__.items() if n != "silu_and_mul"} == {
+        n: v for n, v in vars(cutlass_moe).items() if n != "silu_and_mul"}
+
+
 def test_flashinfer_cutlass_on_hopper_plans_the_trimmed_flashinfer_moe(libraries, monkeypatch):
     from sglang_mxfp8.ops.flashinfer_jit import fused_moe
 

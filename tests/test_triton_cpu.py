@@ -665,3 +665,52 @@ def test_interpreted_split_k_gemm_matches_float64_on_the_quantized_operands():
     p = run_python(SPLIT_K, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0 and p.stdout.startswith("close"), p.stderr[-3000:]
     assert float(p.stdout.split()[1]) < 1e-2
+
+
+SILU_AND_MUL = r"""
+import torch
+from sglang_mxfp8.ops.triton_sm90.silu_and_mul import silu_and_mul, silu_and_mul_up_first
+torch.manual_seed(7)
+special = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -100.0, 100.0, 1e-40, -1e-40, 3.0])
+for rows, inter, dtype in [(1, 768, torch.bfloat16), (37, 256, torch.bfloat16), (5, 1536, torch.float16),
+                           (3, 96, torch.bfloat16)]:
+    h = (torch.randn(rows, 2 * inter) * torch.logspace(-3, 1, 2 * inter)).to(dtype)
+    h[0, :10] = special.to(dtype)  # gate: zeros of both signs, infinities, NaN, past exp's range, subnormals
+    h[0, inter:inter + 10] = torch.tensor([2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1e4, 1e4, -0.0]).to(dtype)
+    gate, up = h[:, :inter].double(), h[:, inter:].double()
+    exact = (gate / (1 + torch.exp(-gate)) * up).to(dtype)  # float64, rounded once
+    got = silu_and_mul(h)
+    swapped = torch.cat([h[:, inter:], h[:, :inter]], 1)
+    out = torch.full((rows, inter), 7.0, dtype=dtype)
+    assert silu_and_mul_up_first(swapped, out) is out
+    assert torch.equal(out.view(torch.int16), got.view(torch.int16)), (rows, inter)  # same bits from [up | gate]
+    bits, ref = got.view(torch.int16).int(), exact.view(torch.int16).int()
+    nan = exact.isnan()
+    assert torch.equal(got.isnan(), nan), (rows, inter)
+    # a subnormal gate may flush to a zero of its sign (the interpreter does, as fast-math CUDA does); nowhere else
+    flushed = torch.zeros_like(nan)
+    flushed[0, 7:9] = True
+    sub, want = got[0, 7:9], exact[0, 7:9]
+    assert bool((sub == 0).all()) and torch.equal(sub.signbit(), want.signbit()) or torch.equal(sub, want)
+    ulps = (bits - ref).abs()[~(nan | flushed)]
+    # the interpreter casts float32 to BF16 by truncation (the GPU rounds to nearest): one unit there, FP16 exact
+    assert int(ulps.max()) <= (1 if dtype == torch.bfloat16 else 0), (rows, inter, int(ulps.max()))
+    assert torch.equal(got[0, :10].view(torch.int16)[[0, 1, 5, 9]], exact[0, :10].view(torch.int16)[[0, 1, 5, 9]])
+for bad in (torch.zeros(4, 7), torch.zeros(8, 4).t()):
+    try:
+        silu_and_mul(bad)
+    except ValueError as e:
+        assert "need [R, 2I] and [R, I], each row contiguous" in str(e)
+    else:
+        raise AssertionError(bad.shape)
+print("ok", silu_and_mul(torch.zeros(0, 64)).shape)
+"""
+
+
+def test_interpreted_silu_and_mul_rounds_as_float64_does_in_either_w13_order():
+    """ops/triton_sm90/silu_and_mul.py run by Triton's interpreter: silu(gate) * up in float32, rounded once: the
+    float64 result rounded to FP16 bit for bit, to BF16 within one unit (the interpreter truncates that cast), NaN
+    where it is NaN, signed zeros kept; the [up | gate] order gives the same bits; bad shapes are one error."""
+    p = run_python(SILU_AND_MUL, {"TRITON_INTERPRET": "1"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().endswith("ok torch.Size([0, 32])"), p.stdout[-500:]

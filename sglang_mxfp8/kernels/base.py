@@ -119,6 +119,8 @@ class WeightLayout:
             return f"reads {self.scale_rows}-row weight scale blocks; {base_name} writes {base.scale_rows}"
         if base.up_first and not (self.up_first or self.either_w13_order):
             return f"reads w13 as [gate; up]; {base_name} loads it as [up; gate]"
+        if self.up_first and not (base.up_first or self.either_w13_order):
+            return f"reads w13 as [up; gate]; {base_name} loads it as [gate; up]"
         return None
 
 

@@ -326,22 +326,28 @@ def test_moe_gemv_matches_reference():
         assert out.shape == x.shape and torch.isfinite(out).all() and rel < 1e-2, (seed, rel)
 
 
+@pytest.mark.parametrize("up_first", [False, True])
 @pytest.mark.parametrize("m", [37, 2048])
-def test_cutlass_grouped_moe_matches_reference(m):
+def test_cutlass_grouped_moe_matches_reference(m, up_first):
     """The prefill MoE (SGLang's CUTLASS grouped block-FP8 MoE on our converted weights) vs float32 with
-    1x128 FP8 activations; a NaN in one token leaves every other token's output as it was."""
+    1x128 FP8 activations; a NaN in one token leaves every other token's output as it was. up_first: w13 and its
+    scales as [up; gate] (FlashInfer's order), through the clone of SGLang's function with our activation."""
     from sglang_mxfp8.kernels.moe.cutlass_grouped import CutlassGroupedMoE
 
     x, w13, c13, w2, c2, tw, ids = _moe_case(m, seed=m)
-    run = CutlassGroupedMoE(w13.shape[0], x.shape[1], w2.shape[2], "cuda")
-    out = run(x, tw, ids, w13, w2, c13.block_scale, c2.block_scale).float()
     ref = _moe_reference(x, w13, c13, w2, c2, tw, ids, fp8_activations=True)
+    w13_in, s13_in = w13, c13.block_scale
+    if up_first:
+        halves = lambda t: torch.cat(t.chunk(2, dim=1)[::-1], 1)  # noqa: E731 - rows (and 128-row scale blocks)
+        w13_in, s13_in = halves(w13), halves(c13.block_scale)
+    run = CutlassGroupedMoE(w13.shape[0], x.shape[1], w2.shape[2], "cuda", up_first=up_first)
+    out = run(x, tw, ids, w13_in, w2, s13_in, c2.block_scale).float()
     rel = ((out - ref).norm() / ref.norm()).item()
     # measured on the H200: 0.011-0.015 here, SGLang's Triton fused MoE 0.016-0.018 on the same inputs;
     # a wrong scale layout or expert order gives O(1)
     assert torch.isfinite(out).all() and rel < 3e-2, rel
     x[-1, 5] = float("nan")  # SGLang's quantizer makes that token's own output finite (its Triton MoE too)
-    again = run(x, tw, ids, w13, w2, c13.block_scale, c2.block_scale).float()
+    again = run(x, tw, ids, w13_in, w2, s13_in, c2.block_scale).float()
     assert torch.equal(again[:-1], out[:-1])
 
 
