@@ -410,6 +410,7 @@ def test_flashinfer_cutlass_on_hopper_takes_the_measured_bands_beside_flashinfer
     assert "triton_w8a8_moe" not in moe(H200, "auto").bands().values()
 
 
+@pytest.mark.sglang  # the clone of SGLang's function, with the newest SGLang too
 def test_the_up_first_cutlass_moe_is_timed_beside_flashinfers_moe_and_planned_nowhere(libraries):
     """SGLang's CUTLASS grouped MoE on FlashInfer's [up; gate] w13 has no rows yet: ``bench layers --all-kernels``
     times it beside FlashInfer's fused MoE (the only base writing that order) from 2048 tokens, while no flag's plan,
