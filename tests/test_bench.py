@@ -485,3 +485,33 @@ def test_a_generated_model_the_disk_cannot_hold_is_refused_before_anything_is_wr
                                          r"\d+ layers\); pass --layers \d+ or a --workdir on a larger disk"):
         generated(tmp_path / "work", 100000)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_layer_rows_say_what_fraction_of_the_floor_each_side_reaches():
+    """The floor under a layer (bench.roofline): a 5120x2048 FP8 weight at 16 tokens over an H100's 3.35 TB/s is 3.2 us
+    with its activations, memory-bound; 8192 tokens of Qwen3-30B-A3B's MoE at 800 TFLOPS are compute-bound at 0.77
+    ms; the report prints each point's fraction, MXFP8 then BF16, and nothing where a row lacks it."""
+    from sglang_mxfp8.bench.roofline import Peaks, dense_traffic, moe_traffic
+    from sglang_mxfp8.bench.rows import measurement
+
+    h100 = Peaks(copy_tb_s=3.35, fp8_tflops=800.0, bf16_tflops=400.0)
+    nbytes, flops = dense_traffic(16, 5120, 2048, 1)
+    assert nbytes == 5120 * 2048 + 2 * 16 * 2048 + 2 * 16 * 5120 and flops == 2 * 16 * 5120 * 2048
+    assert abs(h100.floor_us(nbytes, flops, True) - 3.2) < 0.05
+    fractions = h100.fractions(dense_traffic(16, 5120, 2048, 1), dense_traffic(16, 5120, 2048, 2), 8.4, 9.7)
+    assert fractions["bound"] == "memory" and abs(fractions["roofline_mxfp8"] - 3.2 / 8.4) < 0.01
+    assert abs(fractions["roofline_bf16"] - 6.36 / 9.7) < 0.01 and fractions["peaks"]["copy_tb_s"] == 3.35
+    moe = moe_traffic(8192, 8, 128, 2048, 768, 1)
+    assert moe[1] == 6 * 8192 * 8 * 2048 * 768 and moe[0] == 128 * 3 * 2048 * 768 + 4 * 8192 * 2048
+    big = h100.fractions(moe, moe_traffic(8192, 8, 128, 2048, 768, 2), 1545.0, 1597.0)
+    assert big["bound"] == "compute" and 770 < big["floor_us"] < 776
+    assert abs(big["roofline_mxfp8"] - 773.1 / 1545) < 1e-3
+    assert abs(big["roofline_bf16"] - 1546.2 / 1597) < 1e-3
+    points = [asdict(measurement(env("r1"), "layers", "layer time", "qkv_proj [5120 x 2048]", "--fp8-gemm-backend x",
+                                 "us", "lower", us, bf16, tokens=m, kernel="k",
+                                 extra=h100.fractions(dense_traffic(m, 5120, 2048, 1), dense_traffic(m, 5120, 2048, 2),
+                                                      us, bf16)))
+              for m, us, bf16 in ((16, 8.4, 9.7), (128, 9.2, 9.7))]
+    assert report.value_text(points) == "1.15x / 1.05x at 16 tok / 128 tok; k; roofline 38% / 40% (BF16 65% / 70%)"
+    del points[1]["extra"]["roofline_mxfp8"]
+    assert report.value_text(points) == "1.15x / 1.05x at 16 tok / 128 tok; k"

@@ -3,7 +3,8 @@
 MXFP8 runs the kernels the registry plans for each flag (``--all-kernels``: every kernel registered for this GPU that
 can run the layer, each beside a base kernel whose layout it reads), BF16 what SGLang runs (cuBLAS for a dense layer,
 its Triton fused MoE). Both are timed by :mod:`.timer` (CUDA graphs over weights that do not fit the L2 cache), and
-both outputs are compared with a float32 reference on the unquantized weights.
+both outputs are compared with a float32 reference on the unquantized weights. Each row says what fraction of the floor
+:mod:`.roofline` puts under the layer each side reaches (the GPU's copy bandwidth and GEMM peaks, measured first).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import error_line
 from ..flags import DENSE_FLAG, MOE_FLAG
+from .roofline import Peaks, dense_traffic, moe_traffic
+from .roofline import measure as measure_peaks
 from .rows import Environment, Row, measurement
 from .shapes import SETS, DenseShape, MoEShape, from_checkpoint
 from .timer import copies_for, gpu_us, relative_error
@@ -53,6 +57,13 @@ def _generator(seed_text: str):
     import torch
 
     return torch.Generator(device="cuda").manual_seed(sum(map(ord, seed_text)))
+
+
+def _extra(err: float, bf16_err: float, planned: bool, peaks: Optional[Peaks], traffic, us: float,
+           bf16_us: float) -> dict:
+    """A layer row's extras: both sides' relative errors, whether a plan chose the kernel, the floors reached."""
+    floors = peaks.fractions(*traffic, us, bf16_us) if peaks else {}
+    return {"mxfp8_error": round(err, 6), "bf16_error": round(bf16_err, 6), "planned": planned, **floors}
 
 
 # -- dense -------------------------------------------------------------------------------------------------------------
@@ -97,7 +108,7 @@ def _dense_targets(shape: DenseShape, opts: LayerOptions, q, s, copies: int) -> 
 
 
 def dense_rows(env: Environment, shape: DenseShape, opts: LayerOptions, deadline: float,
-               record: Callable[[List[Row]], None]) -> None:
+               record: Callable[[List[Row]], None], peaks: Optional[Peaks]) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -117,6 +128,7 @@ def dense_rows(env: Environment, shape: DenseShape, opts: LayerOptions, deadline
         ref = x.float() @ w.t()
         bf16_us = gpu_us([lambda b=b: F.linear(x, b) for b in w16])
         bf16_err = relative_error(F.linear(x, w16[0]), ref)
+        traffic = dense_traffic(m, shape.n, shape.k, 1), dense_traffic(m, shape.n, shape.k, 2)
         rows = []
         for t in targets:
             if not t.takes(m):
@@ -124,9 +136,8 @@ def dense_rows(env: Environment, shape: DenseShape, opts: LayerOptions, deadline
             us = gpu_us([lambda layer=layer, state=state, t=t: t.run(layer, state, x) for layer, state in t.layers])
             err = relative_error(t.run(*t.layers[0], x), ref)
             rows.append(measurement(env, "layers", "layer time", str(shape), t.flags, "us", "lower", us, bf16_us,
-                                    tokens=m, kernel=t.label(m), extra={"mxfp8_error": round(err, 6),
-                                                                        "bf16_error": round(bf16_err, 6),
-                                                                        "planned": t.planned}))
+                                    tokens=m, kernel=t.label(m),
+                                    extra=_extra(err, bf16_err, t.planned, peaks, traffic, us, bf16_us)))
         record(rows)
 
 
@@ -219,7 +230,7 @@ def _sglang_moe_setup():
 
 
 def moe_rows(env: Environment, shape: MoEShape, opts: LayerOptions, deadline: float,
-             record: Callable[[List[Row]], None]) -> None:
+             record: Callable[[List[Row]], None], peaks: Optional[Peaks]) -> None:
     import torch
 
     fused_experts = _sglang_moe_setup()
@@ -238,6 +249,8 @@ def moe_rows(env: Environment, shape: MoEShape, opts: LayerOptions, deadline: fl
         ref = moe_reference(x, w13, w2, *routings[0])
         bf16_us = gpu_us([lambda r=r: fused_experts(x, w13_16, w2_16, *r) for r in routings])
         bf16_err = relative_error(fused_experts(x, w13_16, w2_16, *routings[0]), ref)
+        hit = sum(ids.unique().numel() for _, ids in routings) / len(routings)  # experts whose weights are read
+        traffic = tuple(moe_traffic(m, shape.top_k, hit, h, i, size) for size in (1, 2))
         rows = []
         for t in targets:
             if not t.takes(m):
@@ -246,20 +259,27 @@ def moe_rows(env: Environment, shape: MoEShape, opts: LayerOptions, deadline: fl
             us = gpu_us([lambda r=r, t=t: t.run(layer, state, (x, *r)) for r in routings])
             err = relative_error(t.run(layer, state, (x, *routings[0])), ref)
             rows.append(measurement(env, "layers", "layer time", str(shape), t.flags, "us", "lower", us, bf16_us,
-                                    tokens=m, kernel=t.label(m), extra={"mxfp8_error": round(err, 6),
-                                                                        "bf16_error": round(bf16_err, 6),
-                                                                        "planned": t.planned}))
+                                    tokens=m, kernel=t.label(m),
+                                    extra=_extra(err, bf16_err, t.planned, peaks, traffic, us, bf16_us)))
         record(rows)
 
 
 def run(env: Environment, opts: LayerOptions, deadline: float, record: Callable[[List[Row]], None]) -> None:
     """Every dense layer, then the MoE layer, of each shape set; each batch size's rows recorded as they are
     measured."""
+    try:
+        peaks = measure_peaks()
+        print(f"layers: this GPU copies {peaks.copy_tb_s} TB/s; cuBLAS {peaks.fp8_tflops} FP8 / {peaks.bf16_tflops} "
+              "BF16 TFLOPS (the floors under each layer row)", flush=True)
+    except Exception as e:  # noqa: BLE001 - the layer times stand without their floors
+        peaks = None
+        print(f"layers: the GPU's copy bandwidth and GEMM peaks were not measured ({error_line(e)}); the rows go "
+              "without their roofline fractions", flush=True)
     for dense, moe in opts.shapes():
         for shape in dense:
-            dense_rows(env, shape, opts, deadline, record)
+            dense_rows(env, shape, opts, deadline, record, peaks)
         if moe is not None:
-            moe_rows(env, moe, opts, deadline, record)
+            moe_rows(env, moe, opts, deadline, record, peaks)
 
 
 def describe(opts: LayerOptions) -> List[str]:

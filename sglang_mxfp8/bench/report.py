@@ -89,13 +89,23 @@ def value_text(rows: List[dict]) -> str:
         points = " / ".join(_point(r) for r in rows)
         kernels = sorted({r["kernel"] for r in rows if r["kernel"]})
         planned = f"; {', '.join(kernels)}" if kernels and rows[0]["flags"] != ALL_KERNELS else ""
-        return f"{ratios} at {points}{planned}"
+        return f"{ratios} at {points}{planned}{roofline_text(rows)}"
     r = rows[0]
     if r["bf16"] is None:
         unfinished = (r.get("extra") or {}).get("not_run")
         return f"{_num(r['mxfp8'])} {r['unit']}" + (f" (did not finish: {', '.join(unfinished)})" if unfinished else "")
     split = load_split_text((r.get("extra") or {}).get("mxfp8_server_split"))
     return f"{r['ratio']:.2f}x ({_num(r['mxfp8'])} vs {_num(r['bf16'])} {r['unit']}{split})"
+
+
+def roofline_text(rows: List[dict]) -> str:
+    """'; roofline 34% / 36% (BF16 30% / 31%)': the fraction of the floor under the layer (bench.roofline) each side
+    reached at each point, where every row has it."""
+    extras = [r.get("extra") or {} for r in rows]
+    if not extras or any("roofline_mxfp8" not in e for e in extras):
+        return ""
+    side = lambda key: " / ".join(f"{e[key]:.0%}" for e in extras)  # noqa: E731
+    return f"; roofline {side('roofline_mxfp8')} (BF16 {side('roofline_bf16')})"
 
 
 # a load's parts as the MXFP8 server logs them (bench.served.LOAD_SPLIT), in the order they happen
