@@ -265,6 +265,17 @@ def test_a_model_that_is_no_checkpoint_folder_is_one_line_before_any_step(tmp_pa
         assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith(f"sglang-mxfp8 bench: {start}"), p.stderr
 
 
+def test_counts_are_refused_by_name_and_a_profile_concurrency_is_planned(tmp_path):
+    for flag, what in (("--layers", "layers"), ("--tokens", "tokens"), ("--concurrency", "concurrent requests"),
+                       ("--profile-concurrency", "concurrent requests")):
+        p = _cli("bench", flag, "0", "--dry-run")
+        assert p.returncode == 2 and f"argument {flag}: '0' is not a number of {what} (1 or more)" in p.stderr
+    out = _cli("bench", "serve", "--layers", "4", "--profile-concurrency", "1", "--dry-run",
+               "--workdir", str(tmp_path)).stdout
+    assert "profile: SGLang's /start_profile by stage during a load at concurrency 1" in out
+    assert "/start_profile" not in _cli("bench", "serve", "--dry-run", "--workdir", str(tmp_path)).stdout
+
+
 def test_bench_without_a_gpu_is_one_line():
     p = _cli("bench", "layers")
     assert "RC 2" in p.stdout and p.stderr.strip().splitlines() == [

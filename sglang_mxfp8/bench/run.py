@@ -181,6 +181,8 @@ def with_overrides(suite: Suite, args) -> Suite:
         serve = replace(serve, restart=True)
     if args.cold_refit:
         serve = replace(serve, cold_refit=True)
+    if args.profile_concurrency:
+        serve = replace(serve, profile_concurrency=args.profile_concurrency)
     return replace(suite, layers=layers, serve=serve, model_layers=args.layers or suite.model_layers)
 
 

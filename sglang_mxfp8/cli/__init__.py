@@ -75,11 +75,18 @@ def bench_cmd(args) -> int:
     return main(args)
 
 
-def _parallel_size(text: str) -> int:
-    """argparse type of --tp / --ep-size: a GPU count, 1 or more."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GPUs (1 or more)")
-    return int(text)
+def _count(what: str):
+    """argparse type of a count of ``what``, 1 or more, whose refusal names what was counted."""
+
+    def count(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {what} (1 or more)")
+        return int(text)
+
+    return count
+
+
+_parallel_size = _count("GPUs")
 
 
 def _backend_flags(p: argparse.ArgumentParser) -> None:
@@ -108,19 +115,23 @@ def _bench_parser(sub) -> None:
     b.add_argument("--model", help="checkpoint to serve and whose layer shapes to time: BF16 (converted once) or "
                                    "MXFP8 with --bf16-model (default: a generated Qwen3-30B-A3B-shaped model)")
     b.add_argument("--bf16-model", help="the BF16 checkpoint an MXFP8 --model was converted from")
-    b.add_argument("--layers", type=_parallel_size, help="layers of the generated model (default: 16)")
+    b.add_argument("--layers", type=_count("layers"), help="layers of the generated model (default: 16)")
     b.add_argument("--mx-flags", action="append", metavar="FLAGS",
                    help="backend flags of an MXFP8 server (repeatable, one row set each; default: the recommended "
                         "--fp8-gemm-backend flashinfer_trtllm --moe-runner-backend flashinfer_cutlass)")
     b.add_argument("--server-flags", default="", metavar="FLAGS",
                    help="launch flags for every server, BF16 and MXFP8 (e.g. --attention-backend triton)")
-    b.add_argument("--concurrency", type=_parallel_size, nargs="+", help="serve: concurrencies (default: 1 16 128)")
+    b.add_argument("--concurrency", type=_count("concurrent requests"), nargs="+",
+                   help="serve: concurrencies (default: 1 16 128)")
+    b.add_argument("--profile-concurrency", type=_count("concurrent requests"), metavar="N",
+                   help="serve: profile one load at N concurrent requests per server and split its GPU time into "
+                        "attention, dense, MoE and other (the full suite: 128)")
     b.add_argument("--restart", action="store_true", help="start: also restart each server on its caches")
     b.add_argument("--cold-refit", action="store_true",
                    help="refit: also refit from disk with the checkpoint's files dropped from the page cache")
     b.add_argument("--sets", nargs="+", choices=("qwen3-30b-a3b", "llama-3-8b", "gpt-oss-20b"),
                    help="layers: named shape sets (default: qwen3-30b-a3b)")
-    b.add_argument("--tokens", type=_parallel_size, nargs="+", help="layers: batch sizes in tokens")
+    b.add_argument("--tokens", type=_count("tokens"), nargs="+", help="layers: batch sizes in tokens")
     b.add_argument("--all-kernels", action="store_true", help="layers: every candidate kernel, not only the planned")
     b.add_argument("--results-dir", default="benchmarks/results", help="where rows go (default: benchmarks/results)")
     b.add_argument("--workdir", default=None, help="models, caches, logs, plots (default: ~/.cache/sglang_mxfp8/bench)")
@@ -166,10 +177,10 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--gpu", help="the server's GPU, where this machine has none: h100, h200")
     b.add_argument("--tp", type=_parallel_size, default=1, help="tensor-parallel size of the server")
     b.add_argument("--ep-size", type=_parallel_size, default=1, help="expert-parallel size of the server")
-    b.add_argument("--max-tokens", type=_parallel_size, default=16384,
+    b.add_argument("--max-tokens", type=_count("tokens"), default=16384,
                    help="largest batch the server runs (at least its --chunked-prefill-size; default 16384)")
-    b.add_argument("--jobs", type=_parallel_size, default=None, help="concurrent compiler processes (default: one per "
-                                                                     "CPU)")
+    b.add_argument("--jobs", type=_count("compiler processes"), default=None,
+                   help="concurrent compiler processes (default: one per CPU)")
     b.set_defaults(func=build_cmd)
 
     m = sub.add_parser("demo", help="convert a small model to MXFP8; on a GPU also serve and refit it")
