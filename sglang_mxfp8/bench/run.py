@@ -369,20 +369,6 @@ class BenchRun:
         return 1 if self.not_run else 0
 
 
-def not_a_checkpoint(path: Optional[str]) -> Optional[str]:
-    """Why a --model / --bf16-model path is no checkpoint folder (one line), or None; checked before any step, so a
-    typo costs no server start and no traceback."""
-    if path is None:
-        return None
-    folder = Path(path).expanduser()
-    if folder.is_file():
-        return f"{path} is a file; pass the checkpoint's folder"
-    if not (folder / "config.json").is_file():
-        return (f"{path}: {'no config.json there' if folder.is_dir() else 'no such folder'}; pass a checkpoint's "
-                "folder (config.json and *.safetensors)")
-    return None
-
-
 def main(args) -> int:
     if args.routines == ["report"]:
         return report_main(args)
@@ -391,8 +377,10 @@ def main(args) -> int:
         print(f"sglang-mxfp8 bench: no routine {unknown[0]!r}; routines: {', '.join(ROUTINES)}, or 'report'",
               file=sys.stderr)
         return 2
+    from ..format.checkpoint import not_a_folder
+
     for flag, path in (("--model", args.model), ("--bf16-model", args.bf16_model)):
-        problem = not_a_checkpoint(path)
+        problem = path and not_a_folder(path)  # before any step: a typo costs no server start and no traceback
         if problem:
             print(f"sglang-mxfp8 bench: {flag} {problem}", file=sys.stderr)
             return 2

@@ -93,10 +93,9 @@ def report(args, gpu: Optional[GpuSpec]) -> int:
 
 def not_mxfp8(ckpt: Path) -> Optional[str]:
     """Why ``ckpt`` is no MXFP8 checkpoint folder (one line), or None."""
-    if not ckpt.exists():
-        return f"{ckpt}: no such folder; pass the checkpoint's folder (config.json and *.safetensors)"
-    if not (ckpt / "config.json").is_file():
-        return f"{ckpt}: no config.json there; pass the checkpoint's folder (config.json and *.safetensors)"
+    problem = checkpoint.not_a_folder(ckpt)
+    if problem:
+        return problem
     if checkpoint.detect_checkpoint(ckpt) is None:
         return (f"{ckpt}: not an MXFP8 checkpoint (no quant_method mxfp8 / quant_algo MXFP8); convert it first with "
                 "`sglang-mxfp8 convert`")

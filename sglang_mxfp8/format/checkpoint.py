@@ -92,6 +92,19 @@ def detect_mxfp8(cfg: Optional[Mapping[str, Any]]) -> Optional[Mxfp8Format]:
     return None
 
 
+def not_a_folder(path: str | Path) -> Optional[str]:
+    """Why ``path`` is no checkpoint folder (one line: a file, no such folder, no config.json there), or None."""
+    folder = Path(path).expanduser()
+    fix = "pass the checkpoint's folder"
+    if folder.is_file():
+        return f"{path} is a file; {fix}"
+    if not folder.exists():
+        return f"{path}: no such folder; {fix} (config.json and *.safetensors)"
+    if not (folder / "config.json").is_file():
+        return f"{path}: no config.json there; {fix} (config.json and *.safetensors)"
+    return None
+
+
 def read_quant_config(model_dir: str | Path) -> Optional[Dict[str, Any]]:
     """``quantization_config`` from config.json, else hf_quant_config.json, else None."""
     d = Path(model_dir)
