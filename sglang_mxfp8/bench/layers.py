@@ -16,8 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import error_line
 from ..flags import DENSE_FLAG, MOE_FLAG
-from .roofline import Peaks, dense_traffic, moe_traffic
-from .roofline import measure as measure_peaks
+from .roofline import Peaks, dense_traffic, moe_traffic, measure as measure_peaks
 from .rows import Environment, Row, measurement
 from .shapes import SETS, DenseShape, MoEShape, from_checkpoint
 from .timer import copies_for, gpu_us, relative_error

@@ -18,18 +18,22 @@ class Peaks:
     fp8_tflops: float
     bf16_tflops: float
 
+    def bounds_us(self, nbytes: float, flops: float, fp8: bool) -> Tuple[float, float]:
+        """The least microseconds to move ``nbytes``, and to compute ``flops``."""
+        peak = self.fp8_tflops if fp8 else self.bf16_tflops
+        return nbytes / (self.copy_tb_s * 1e6), flops / (peak * 1e6)
+
     def floor_us(self, nbytes: float, flops: float, fp8: bool) -> float:
         """The least microseconds for ``nbytes`` moved and ``flops`` computed."""
-        peak = self.fp8_tflops if fp8 else self.bf16_tflops
-        return max(nbytes / (self.copy_tb_s * 1e6), flops / (peak * 1e6))
+        return max(self.bounds_us(nbytes, flops, fp8))
 
     def fractions(self, traffic_fp8: Tuple[float, float], traffic_bf16: Tuple[float, float], mxfp8_us: float,
                   bf16_us: float) -> dict:
         """A layer row's extras: each side's floor over its time, which bound sets the MXFP8 floor, and the peaks."""
-        nbytes, flops = traffic_fp8
-        fp8_floor = self.floor_us(nbytes, flops, True)
+        memory_us, compute_us = self.bounds_us(*traffic_fp8, True)
+        fp8_floor = max(memory_us, compute_us)
         bf16_floor = self.floor_us(*traffic_bf16, False)
-        bound = "memory" if nbytes / (self.copy_tb_s * 1e6) >= flops / (self.fp8_tflops * 1e6) else "compute"
+        bound = "memory" if memory_us >= compute_us else "compute"
         return {"roofline_mxfp8": round(fp8_floor / mxfp8_us, 4), "roofline_bf16": round(bf16_floor / bf16_us, 4),
                 "floor_us": round(fp8_floor, 3), "bound": bound, "peaks": asdict(self)}
 
