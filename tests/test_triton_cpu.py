@@ -638,6 +638,9 @@ for m, n, k, split in [(1, 64, 128, 1), (5, 130, 352, 2), (16, 200, 1024, 3), (3
     ref = (q.double() * s.double().repeat_interleave(128, 1)[:, :k]) @ dequantize_block_fp8(w, bs, rows).double().t()
     ref += bias.double()
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    # the activation quantized before the launch or inside each program: the same e4m3 and scales, the same bytes
+    flipped = dict(cfg, QUANT_FIRST=not cfg["QUANT_FIRST"])
+    assert torch.equal(splitk_w8a8_gemm(x, w, bs, bias, flipped, scale_rows=rows), out), (seed, m, n, k, split)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     # BF16 output rounding (the interpreter's store truncates: up to 2**-7 per element)
     assert err == err and err < 1e-2, (seed, m, n, k, split, err)
@@ -651,8 +654,9 @@ for m, n, k, split in [(1, 64, 128, 1), (5, 130, 352, 2), (16, 200, 1024, 3), (3
         assert nan_out[m // 2].isnan().all() and torch.equal(torch.cat([nan_out[:m // 2], nan_out[m // 2 + 1:]]),
                                                               torch.cat([out[:m // 2], out[m // 2 + 1:]])), (m, split)
 cfg = splitk_config(16, 5120, 2048)
-assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT"]) == (16, 64, 4), cfg
+assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT"], cfg["QUANT_FIRST"]) == (16, 64, 4, False), cfg
 assert splitk_config(128, 2048, 4096)["SPLIT"] == 8 and splitk_config(100, 2048, 4096)["BLOCK_M"] == 128
+assert splitk_config(64, 2048, 4096)["QUANT_FIRST"] and not splitk_config(32, 2048, 4096)["QUANT_FIRST"]
 print("close", worst, seed)
 """
 
@@ -660,8 +664,8 @@ print("close", worst, seed)
 def test_interpreted_split_k_gemm_matches_float64_on_the_quantized_operands():
     """ops/triton_sm90/splitk_w8a8.py run by Triton's interpreter: its in-kernel activation quantization and the
     (split) K sum give the float64 product of the operands act_quant's kernel gives, within BF16 output rounding, at
-    1-128 tokens with N and K tails, one K split and several (unsplit: the tiled kernel's bytes); a NaN token's row
-    is NaN and the other rows unchanged."""
+    1-128 tokens with N and K tails, one K split and several (unsplit: the tiled kernel's bytes), the same bytes with
+    the activation quantized before the launch; a NaN token's row is NaN and the other rows unchanged."""
     p = run_python(SPLIT_K, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0 and p.stdout.startswith("close"), p.stderr[-3000:]
     assert float(p.stdout.split()[1]) < 1e-2

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from .act_quant import GROUP_K, e4m3_groups
+from .silu_and_mul import silu_mul
 
 
 # The glue around a grouped GEMM that takes each expert's token rows contiguously (DeepGEMM's "contiguous"
@@ -127,8 +128,7 @@ def _silu_mul_quant_kernel(h_ptr, q_ptr, s_ptr, seg_end_ptr, end_ptr, E, I, stri
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     gate = tl.load(h_ptr + rows[:, None] * stride_h + UP_FIRST * I + cols[None, :], mask=ok[:, None], other=0.0)
     up = tl.load(h_ptr + rows[:, None] * stride_h + (1 - UP_FIRST) * I + cols[None, :], mask=ok[:, None], other=0.0)
-    g32 = gate.to(tl.float32)
-    a = (g32 / (1.0 + tl.exp(-g32)) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
+    a = silu_mul(gate, up).to(gate.dtype).to(tl.float32)
     q, scale = e4m3_groups(a)
     tl.store(q_ptr + rows[:, None] * stride_q + cols[None, :], q, mask=ok[:, None])
     tl.store(s_ptr + rows + tl.program_id(1) * stride_sk, scale, mask=ok)

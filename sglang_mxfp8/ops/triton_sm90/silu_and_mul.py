@@ -12,13 +12,20 @@ BLOCK = 1024  # columns per program (Qwen3-30B-A3B's 768 in one)
 
 
 @triton.jit
+def silu_mul(gate, up):
+    """silu(gate) * up in float32 (the one formula of this kernel and ``moe_segments``' fused SiLU-and-quantize)."""
+    g = gate.to(tl.float32)
+    return g / (1.0 + tl.exp(-g)) * up.to(tl.float32)
+
+
+@triton.jit
 def _silu_and_mul_kernel(h_ptr, out_ptr, I, stride_h, stride_o, UP_FIRST: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < I
-    gate = tl.load(h_ptr + row * stride_h + UP_FIRST * I + cols, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(h_ptr + row * stride_h + (1 - UP_FIRST) * I + cols, mask=ok, other=0.0).to(tl.float32)
-    act = gate / (1.0 + tl.exp(-gate)) * up
+    gate = tl.load(h_ptr + row * stride_h + UP_FIRST * I + cols, mask=ok, other=0.0)
+    up = tl.load(h_ptr + row * stride_h + (1 - UP_FIRST) * I + cols, mask=ok, other=0.0)
+    act = silu_mul(gate, up)
     tl.store(out_ptr + row * stride_o + cols, act.to(out_ptr.dtype.element_ty), mask=ok)
 
 

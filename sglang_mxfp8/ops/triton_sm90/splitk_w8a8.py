@@ -7,7 +7,9 @@ at once: the weight is read exactly once, by ``N / BLOCK_N * split`` programs. T
 ``W [BLOCK_N, 128] @ xq^T [128, M]``, so the weight rows fill the tensor core's wide side and the few tokens its
 narrow one. The activation is quantized inside (amax / 448 per token and 128-K group, as ``act_quant`` does, from
 the same BF16 values: bit for bit its e4m3 and scales), so a layer is one launch when ``split`` is 1; split programs
-add their float32 partials atomically into a zeroed buffer, cast after.
+add their float32 partials atomically into a zeroed buffer, cast after. From 64 tokens on (``QUANT_FIRST``) the
+activation is quantized once by ``act_quant`` before the launch instead: a [64+, 128] float32 tile quantized inside
+every program spills registers, and each of the ``N / BLOCK_N`` programs would redo the same work.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import GROUP_K, e4m3_groups
+from .act_quant import GROUP_K, e4m3_groups, quantize_act_1x128
 
 MAX_TOKENS = 128
 
 
 @triton.jit
-def _splitk_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, KB, stride_xm, stride_wn, stride_sn,
-                   stride_om, BLOCKS_PER_SPLIT, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr):
+def _splitk_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, KB, stride_xm, stride_xsm, stride_wn,
+                   stride_sn, stride_om, BLOCKS_PER_SPLIT, HAS_BIAS: tl.constexpr, ATOMIC: tl.constexpr,
+                   SCALE_ROWS: tl.constexpr, QUANT_FIRST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   GROUP: tl.constexpr):
+    """QUANT_FIRST: x_ptr holds e4m3 and xs_ptr its float32 scales [M, KB]; else x_ptr holds BF16/FP16, quantized
+    here."""
     pid_n, split = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -34,9 +39,12 @@ def _splitk_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, KB, stride_
     for kb in range(first, tl.minimum(first + BLOCKS_PER_SPLIT, KB)):
         k = kb * GROUP + tl.arange(0, GROUP)
         mk = k < K
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None] & mk[None, :],
-                    other=0.0).to(tl.float32)
-        xq, xs = e4m3_groups(x)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None] & mk[None, :], other=0.0)
+        if QUANT_FIRST:
+            xq = x
+            xs = tl.load(xs_ptr + offs_m * stride_xsm + kb, mask=mask_m, other=0.0)
+        else:
+            xq, xs = e4m3_groups(x.to(tl.float32))
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + k[None, :], mask=mask_n[:, None] & mk[None, :],
                     other=0.0)
         ws = tl.load(ws_ptr + (offs_n // SCALE_ROWS) * stride_sn + kb, mask=mask_n, other=0.0)
@@ -54,19 +62,21 @@ def _splitk_kernel(x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, KB, stride_
 
 def splitk_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     """BLOCK_M: the tokens rounded up to 16 (the tensor core's narrow side; 16 is its least). BLOCK_N 64, and as many
-    splits of K as it takes to give every SM about two programs, no split shorter than 4 groups of 128."""
+    splits of K as it takes to give every SM about two programs, no split shorter than 4 groups of 128. QUANT_FIRST
+    from 64 tokens (see the module's docstring)."""
     kb = triton.cdiv(k, GROUP_K)
     block_n = 64
     tiles = triton.cdiv(n, block_n)
     split = max(1, min(triton.cdiv(2 * sms, tiles), kb // 4))
-    return dict(BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, SPLIT=split, num_warps=4, num_stages=4)
+    block_m = max(16, triton.next_power_of_2(m))
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, QUANT_FIRST=block_m >= 64, num_warps=4, num_stages=4)
 
 
 def splitk_w8a8_gemm(x: torch.Tensor, w: torch.Tensor, w_s: torch.Tensor, bias=None, config: dict | None = None,
                      scale_rows: int = 1):
     """x [M, K] bf16/fp16 (M <= 128), w [N, K] e4m3, w_s [ceil(N / scale_rows), ceil(K/128)] float32 power-of-two
     scales (``scale_rows`` 1: per row x 128 columns; 128: 128x128 blocks) -> [M, N] of x's dtype. ``config``:
-    BLOCK_M, BLOCK_N, SPLIT, num_warps, num_stages (default :func:`splitk_config`)."""
+    BLOCK_M, BLOCK_N, SPLIT, QUANT_FIRST, num_warps, num_stages (default :func:`splitk_config`)."""
     m, k = x.shape
     n = w.shape[0]
     if m > MAX_TOKENS:
@@ -74,17 +84,18 @@ def splitk_w8a8_gemm(x: torch.Tensor, w: torch.Tensor, w_s: torch.Tensor, bias=N
     kb = triton.cdiv(k, GROUP_K)
     cfg = dict(config or splitk_config(m, n, k, _sms(x.device)))
     split = cfg.pop("SPLIT")
+    quant_first = cfg.pop("QUANT_FIRST", False)
     per_split = triton.cdiv(kb, split)
     split = triton.cdiv(kb, per_split)  # no program without a K group
     atomic = split > 1
     out = torch.zeros((m, n), dtype=torch.float32, device=x.device) if atomic else \
         torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m:
-        x = x.contiguous()
+        a, a_s = quantize_act_1x128(x) if quant_first else (x.contiguous(), w_s)
         _splitk_kernel[(triton.cdiv(n, cfg["BLOCK_N"]), split)](
-            x, w, w_s, bias if bias is not None else w_s, out, m, n, k, kb, x.stride(0), w.stride(0), w_s.stride(0),
-            out.stride(0), per_split, HAS_BIAS=bias is not None, ATOMIC=atomic, SCALE_ROWS=scale_rows, GROUP=GROUP_K,
-            **cfg)
+            a, a_s, w, w_s, bias if bias is not None else w_s, out, m, n, k, kb, a.stride(0), a_s.stride(0),
+            w.stride(0), w_s.stride(0), out.stride(0), per_split, HAS_BIAS=bias is not None, ATOMIC=atomic,
+            SCALE_ROWS=scale_rows, QUANT_FIRST=quant_first, GROUP=GROUP_K, **cfg)
     return out.to(x.dtype) if atomic else out
 
 
