@@ -114,7 +114,7 @@ MOE_W8A8 = (
     ALIGN
     + r"""
 import torch.nn.functional as F
-from sglang_mxfp8.ops.triton_sm90 import act_quant, moe_sorted
+from sglang_mxfp8.ops.triton_sm90 import act_quant, moe_sorted, splitk_w8a8
 from sglang_mxfp8.format.numerics import dequantize_block_fp8, quantize_activation_1x128, quantize_mxfp8
 from sglang_mxfp8.layouts.hopper import BlockScaleConverter
 
@@ -360,7 +360,7 @@ SM90_COMPILE = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from sglang_mxfp8.ops.triton_sm90 import act_quant, moe_sorted
+from sglang_mxfp8.ops.triton_sm90 import act_quant, moe_sorted, splitk_w8a8
 
 def compile_sm90(kernel, pointers, constexprs, config):
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in kernel.arg_names}
@@ -379,19 +379,35 @@ for m, top_k, experts in ((4, 8, 128), (4096, 8, 128)):  # both tile configs the
                          {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
         print("w8a8", tiles["BLOCK_M"], len(c.asm["cubin"]), "wgmma" if "wgmma" in c.asm["ptx"] else
               "mma" if "mma.sync" in c.asm["ptx"] else "no-mma")
+dense = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
+         "out_ptr": "*bf16", "sum_ptr": "*fp32", "ticket_ptr": "*i32"}
+for m, atomic, quant_first in ((16, True, False), (16, False, False), (128, True, True)):
+    cfg = splitk_w8a8.splitk_config(m, 5120, 2048)
+    c = compile_sm90(splitk_w8a8._splitk_kernel, {**dense, "x_ptr": "*fp8e4nv" if quant_first else "*bf16"},
+                     dict(HAS_BIAS=True, ATOMIC=atomic, SCALE_ROWS=1, QUANT_FIRST=quant_first, BLOCK_M=cfg["BLOCK_M"],
+                          BLOCK_N=cfg["BLOCK_N"], GROUP=act_quant.GROUP_K),
+                     {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+    ptx = c.asm["ptx"]
+    print("splitk", m, atomic, len(c.asm["cubin"]), "mma" if "mma" in ptx else "no-mma",
+          "ticket" if "atom.global.gpu.acq_rel.add" in ptx else "no-ticket")
 """
 
 
 def test_moe_kernels_compile_for_sm90_with_tensor_core_dots():
     """Triton compiles the sorted-token MoE kernels for sm_90 on this GPU-less machine (the interpreter runs no
     compiler): the masked W8A8 MoE at both tile configs it picks, its up and down GEMMs, lowers its FP8 dot to tensor
-    cores (wgmma for 64-row tiles, mma for 16-row ones)."""
+    cores (wgmma for 64-row tiles, mma for 16-row ones); so does the split-K dense GEMM, split or not."""
     p = run_python(SM90_COMPILE, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [line.split() for line in p.stdout.splitlines() if line.startswith("w8a8")]
     assert [(kind, rows, dot) for kind, rows, _, dot in lines] == [
         ("w8a8", "16", "mma"), ("w8a8", "16", "mma"), ("w8a8", "64", "wgmma"), ("w8a8", "64", "wgmma")]
     assert all(int(size) > 10_000 for _, _, size, _ in lines)  # cubins, not empty modules
+    split = [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("splitk")]
+    # the split-K GEMM: tensor-core dots; split launches take their row block's ticket with an acq_rel atomic
+    assert [(m, atomic, dot, ticket) for m, atomic, _, dot, ticket in split] == [
+        ("16", "True", "mma", "ticket"), ("16", "False", "mma", "no-ticket"), ("128", "True", "mma", "ticket")], split
+    assert all(int(size) > 10_000 for _, _, size, _, _ in split)
 
 
 BLOCK_SCALES = r"""
@@ -617,7 +633,7 @@ SPLIT_K = r"""
 import random, torch
 from sglang_mxfp8.ops.triton_sm90.act_quant import quantize_act_1x128
 from sglang_mxfp8.ops.triton_sm90.dense_w8a8 import w8a8_gemm
-from sglang_mxfp8.ops.triton_sm90.splitk_w8a8 import splitk_config, splitk_w8a8_gemm
+from sglang_mxfp8.ops.triton_sm90.splitk_w8a8 import SplitKWorkspace, splitk_config, splitk_w8a8_gemm
 from sglang_mxfp8.format.numerics import convert_to_block_scales, dequantize_block_fp8, quantize_mxfp8
 seed = random.randrange(1 << 30)
 torch.manual_seed(seed)
@@ -638,9 +654,13 @@ for m, n, k, split in [(1, 64, 128, 1), (5, 130, 352, 2), (16, 200, 1024, 3), (3
     ref = (q.double() * s.double().repeat_interleave(128, 1)[:, :k]) @ dequantize_block_fp8(w, bs, rows).double().t()
     ref += bias.double()
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    # the activation quantized before the launch or inside each program: the same e4m3 and scales, the same bytes
+    # the activation quantized before the launch or inside each program: the same e4m3 and scales, the same bytes;
+    # a kept workspace is left zero by each call, so the next gives the same bytes again
     flipped = dict(cfg, QUANT_FIRST=not cfg["QUANT_FIRST"])
-    assert torch.equal(splitk_w8a8_gemm(x, w, bs, bias, flipped, scale_rows=rows), out), (seed, m, n, k, split)
+    space = SplitKWorkspace(n, "cpu")
+    for _ in range(2):
+        assert torch.equal(splitk_w8a8_gemm(x, w, bs, bias, flipped, rows, space), out), (seed, m, n, k, split)
+        assert not space.sums.any() and not space.tickets.any(), (m, n, split)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     # BF16 output rounding (the interpreter's store truncates: up to 2**-7 per element)
     assert err == err and err < 1e-2, (seed, m, n, k, split, err)
@@ -665,7 +685,8 @@ def test_interpreted_split_k_gemm_matches_float64_on_the_quantized_operands():
     """ops/triton_sm90/splitk_w8a8.py run by Triton's interpreter: its in-kernel activation quantization and the
     (split) K sum give the float64 product of the operands act_quant's kernel gives, within BF16 output rounding, at
     1-128 tokens with N and K tails, one K split and several (unsplit: the tiled kernel's bytes), the same bytes with
-    the activation quantized before the launch; a NaN token's row is NaN and the other rows unchanged."""
+    the activation quantized before the launch and on a kept workspace, which each call leaves zero; a NaN token's row
+    is NaN and the other rows unchanged."""
     p = run_python(SPLIT_K, {"TRITON_INTERPRET": "1"}, timeout=600)
     assert p.returncode == 0 and p.stdout.startswith("close"), p.stderr[-3000:]
     assert float(p.stdout.split()[1]) < 1e-2

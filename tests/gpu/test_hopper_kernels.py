@@ -825,8 +825,9 @@ def test_block_scale_conversion_loaded_scan_on_the_gpu_equals_the_torch_steps(ro
 def test_split_k_gemm_matches_reference_and_replays_in_a_cuda_graph(m, base, n, k, split):
     """ops/triton_sm90/splitk_w8a8.py on the GPU: the float32 product of the quantized operands (the Triton layout's
     per-row 1x128 weight scales, FlashInfer's 128x128), K split or not (the splits' atomic sum included), with a bias
-    and a NaN token; the same bytes when a CUDA graph replays it on new activations."""
-    from sglang_mxfp8.ops.triton_sm90.splitk_w8a8 import splitk_config, splitk_w8a8_gemm
+    and a NaN token; the same bytes when a CUDA graph replays it on new activations, its kept workspace zero after
+    each replay."""
+    from sglang_mxfp8.ops.triton_sm90.splitk_w8a8 import SplitKWorkspace, splitk_config, splitk_w8a8_gemm
 
     if base is FLASHINFER:
         pytest.importorskip("flashinfer")
@@ -844,13 +845,15 @@ def test_split_k_gemm_matches_reference_and_replays_in_a_cuda_graph(m, base, n, 
         bad[1, 5] = float("nan")
         nan_out = splitk_w8a8_gemm(bad, w, ws, bias, cfg, rows)
         assert nan_out[1].isnan().all() and torch.isfinite(nan_out[0]).all()
-    static = x.clone()
-    splitk_w8a8_gemm(static, w, ws, bias, cfg, rows)  # compiled outside the capture
+    static, space = x.clone(), SplitKWorkspace(n, "cuda")  # a kept workspace, as the kernel class keeps one
+    splitk_w8a8_gemm(static, w, ws, bias, cfg, rows, space)  # compiled outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = splitk_w8a8_gemm(static, w, ws, bias, cfg, rows)
-    fresh = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    static.copy_(fresh)
-    graph.replay()
-    expected = _reference(layer, be, fresh) + bias.float()
-    assert ((captured.float() - expected).norm() / expected.norm()).item() < 1e-2
+        captured = splitk_w8a8_gemm(static, w, ws, bias, cfg, rows, space)
+    for _ in range(3):  # each replay leaves the workspace zero for the next
+        fresh = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        static.copy_(fresh)
+        graph.replay()
+        expected = _reference(layer, be, fresh) + bias.float()
+        assert ((captured.float() - expected).norm() / expected.norm()).item() < 1e-2
+        assert not space.sums.any() and not space.tickets.any()
