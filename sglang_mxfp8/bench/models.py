@@ -133,7 +133,7 @@ def from_user(model: str, bf16_model: Optional[str], root: Path) -> ServedPair:
     marker = mx / MARKER
     if not marker.is_file() or json.loads(marker.read_text()).get("source") != str(path.resolve()):
         print(f"bench: converting {model} to MXFP8 in {mx}", flush=True)
-        convert(path, mx, force=True)
+        convert(path, mx, force=True, device="cuda")
     return ServedPair(path, mx, path.name, tokenizer)
 
 

@@ -238,8 +238,11 @@ class BenchRun:
     def _model_step(self) -> Step:
         args, suite = self.args, self.suite
         if args.model:
-            describe = f"model: {args.model} and its BF16 twin" + (
-                f" {args.bf16_model}" if args.bf16_model else " (converted into the work folder once)")
+            from ..format.checkpoint import detect_checkpoint
+
+            describe = (f"model: {args.model} (MXFP8) and the BF16 checkpoint it was converted from, {args.bf16_model}"
+                        if detect_checkpoint(Path(args.model)) is not None else
+                        f"model: {args.model} (BF16) and its MXFP8 conversion (written into the work folder once)")
             cached = True
         else:
             folder = self.work / "models" / f"qwen3-30b-a3b-shaped-{suite.model_layers}l-seed0"
