@@ -79,6 +79,26 @@ def test_a_trial_kernel_is_timed_by_the_bench_but_in_no_plan_and_no_table(librar
     assert "splitk_w8a8" not in r.markdown() and entry.measured == ()
 
 
+def test_bench_all_kernels_gives_each_timed_kernel_the_buffers_a_plan_gives_it(libraries):
+    """``bench layers --all-kernels`` builds each band kernel's layers with the plan it would have beside its base:
+    the split-K GEMM finds its workspace for the layer's width (built on the base alone, its first call raised)."""
+    from sglang_mxfp8.bench.layers import _plan_of
+    from sglang_mxfp8.kernels.linear.splitk import SplitKW8A8
+
+    spec = LinearSpec("layer", 4864, 2048)  # a width no other test builds
+    entry, base = next((e, b) for e, b in r.candidates("linear", H200, spec) if e.kernel.name == "splitk_w8a8")
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.zeros(4864, 2048, dtype=torch.float8_e4m3fn), requires_grad=False)
+    SplitKW8A8._workspaces.clear()
+    _plan_of(entry, base, spec, H200).create_buffers(layer)
+    [(key, space)] = SplitKW8A8._workspaces.items()
+    assert key == (4864, "cpu") and space.sums.shape == (128, 4864) and not space.sums.any()
+    assert [e.kernel.name for e in _plan_of(entry, base, spec, H200).entries] == ["splitk_w8a8", base.name]
+    base_entry = next(e for e, b in r.candidates("linear", H200, spec) if e.kernel is b)
+    assert [e.kernel.name for e in _plan_of(base_entry, base_entry.kernel, spec, H200).entries] == [
+        base_entry.kernel.name]
+
+
 def test_plan_apply_bands_pick_by_batch_size(libraries):
     libraries(True)
     plan = dense(H200, "auto", 5120, 2048)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from .. import error_line
 from ..flags import DENSE_FLAG, MOE_FLAG
@@ -83,7 +83,6 @@ def _dense_layers(plan, q, s, copies: int) -> list:
 def _dense_targets(shape: DenseShape, opts: LayerOptions, q, s, copies: int) -> List[Target]:
     from ..kernels import registry
     from ..kernels.base import LinearSpec
-    from ..kernels.plan import Entry, Plan
     from ..platform import current_gpu
 
     gpu, spec = current_gpu(), LinearSpec(str(shape), shape.n, shape.k)
@@ -95,15 +94,21 @@ def _dense_targets(shape: DenseShape, opts: LayerOptions, q, s, copies: int) -> 
                                   lambda layer, state, x, p=plan: p.apply(layer, state, x, None),
                                   _dense_layers(plan, q, s, copies)))
         return targets
-    built: Dict[str, list] = {}
     targets = []
     for entry, base in registry.candidates("linear", gpu, spec):
-        if base.name not in built:
-            built[base.name] = _dense_layers(Plan(spec, gpu, "bench", (Entry(base),)), q, s, copies)
+        layers = _dense_layers(_plan_of(entry, base, spec, gpu), q, s, copies)
         targets.append(Target("--all-kernels", lambda m, k=entry.kernel: k.name,
                               lambda layer, state, x, k=entry.kernel: k.apply(layer, state, x, None),
-                              built[base.name], takes=entry.takes, planned=False))
+                              layers, takes=entry.takes, planned=False))
     return targets
+
+
+def _plan_of(entry, base, spec, gpu):
+    """The plan a layer of ``entry``'s kernel has beside ``base`` (the base alone for a base kernel): its layers get
+    the buffers each kernel of a real plan creates."""
+    from ..kernels.plan import Entry, Plan
+
+    return Plan(spec, gpu, "bench", (Entry(base),) if entry.kernel is base else (entry, Entry(base)))
 
 
 def dense_rows(env: Environment, shape: DenseShape, opts: LayerOptions, deadline: float,
@@ -191,7 +196,6 @@ def _moe_layer(plan, w13, w2, top_k: int):
 def _moe_targets(shape: MoEShape, opts: LayerOptions, w13, w2) -> List[Target]:
     from ..kernels import registry
     from ..kernels.base import MoESpec
-    from ..kernels.plan import Entry, Plan
     from ..platform import current_gpu
 
     gpu = current_gpu()
@@ -204,14 +208,12 @@ def _moe_targets(shape: MoEShape, opts: LayerOptions, w13, w2) -> List[Target]:
                                   lambda layer, state, b, p=plan: p.kernel_for(b[0].shape[0]).experts(layer, state, *b),
                                   [_moe_layer(plan, w13, w2, shape.top_k)]))
         return targets
-    built: Dict[str, tuple] = {}
     targets = []
     for entry, base in registry.candidates("moe", gpu, spec):
-        if base.name not in built:
-            built[base.name] = _moe_layer(Plan(spec, gpu, "bench", (Entry(base),)), w13, w2, shape.top_k)
+        layer = _moe_layer(_plan_of(entry, base, spec, gpu), w13, w2, shape.top_k)
         targets.append(Target("--all-kernels", lambda m, k=entry.kernel: k.name,
                               lambda layer, state, b, k=entry.kernel: k.experts(layer, state, *b),
-                              [built[base.name]], takes=entry.takes, planned=False))
+                              [layer], takes=entry.takes, planned=False))
     return targets
 
 
