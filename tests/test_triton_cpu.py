@@ -675,7 +675,10 @@ for m, n, k, split in [(1, 64, 128, 1), (5, 130, 352, 2), (16, 200, 1024, 3), (3
                                                               torch.cat([out[:m // 2], out[m // 2 + 1:]])), (m, split)
 cfg = splitk_config(16, 5120, 2048)
 assert (cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["SPLIT"], cfg["QUANT_FIRST"]) == (16, 64, 4, False), cfg
-assert splitk_config(128, 2048, 4096)["SPLIT"] == 8 and splitk_config(100, 2048, 4096)["BLOCK_M"] == 128
+assert splitk_config(100, 2048, 4096)["BLOCK_M"] == 128
+# splits: enough programs for every SM, but partials' atomics within a quarter of the weight's bytes
+assert [splitk_config(m, 2048, 4096)["SPLIT"] for m in (16, 32, 64, 128)] == [8, 8, 4, 2]
+assert [splitk_config(m, 5120, 2048)["SPLIT"] for m in (16, 64, 128)] == [4, 2, 1]
 assert splitk_config(64, 2048, 4096)["QUANT_FIRST"] and not splitk_config(32, 2048, 4096)["QUANT_FIRST"]
 print("close", worst, seed)
 """

@@ -73,12 +73,14 @@ def _splitk_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sum_ptr, tic
 
 def splitk_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     """BLOCK_M: the tokens rounded up to 16 (the tensor core's narrow side; 16 is its least). BLOCK_N 64, and as many
-    splits of K as it takes to give every SM about two programs, no split shorter than 4 groups of 128. QUANT_FIRST
+    splits of K as it takes to give every SM about two programs, no split shorter than 4 groups of 128, and no more
+    than keep the partials' atomic traffic (split x M x N float32) within a quarter of the weight's bytes (N x K):
+    at 128 tokens 4 splits of a 2048-wide K would move as many bytes in atomics as the weight itself. QUANT_FIRST
     from 64 tokens (see the module's docstring)."""
     kb = triton.cdiv(k, GROUP_K)
     block_n = 64
     tiles = triton.cdiv(n, block_n)
-    split = max(1, min(triton.cdiv(2 * sms, tiles), kb // 4))
+    split = max(1, min(triton.cdiv(2 * sms, tiles), kb // 4, k // (16 * max(m, 1))))
     block_m = max(16, triton.next_power_of_2(m))
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split, QUANT_FIRST=block_m >= 64, num_warps=4, num_stages=4)
 
