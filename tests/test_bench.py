@@ -157,6 +157,21 @@ def test_agreement_on_a_generated_models_random_weights_sits_apart_from_accuracy
     assert generated_name(4) in near_ties.split("## Runs")[0] and "nothing about MXFP8's accuracy" in near_ties
 
 
+def test_rows_name_a_users_checkpoint_by_folder_architecture_and_layers(tmp_path):
+    """A folder's name may say nothing of the model in it ("coder-bf16"): rows add its architecture and layers."""
+    from sglang_mxfp8.bench.models import user_model_name
+
+    folder = tmp_path / "coder-bf16"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 28}))
+    assert user_model_name(folder) == "coder-bf16 (Qwen2ForCausalLM, 28 layers)"
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForConditionalGeneration"],
+                                                    "text_config": {"num_hidden_layers": 34}}))
+    assert user_model_name(folder) == "coder-bf16 (Gemma3ForConditionalGeneration, 34 layers)"
+    (folder / "config.json").write_text("{}")
+    assert user_model_name(folder) == "coder-bf16"
+
+
 def test_a_suites_wall_time_names_the_routines_that_did_not_finish():
     """A suite whose serve routine failed on a server took less time than the suite: its wall-time line says so."""
     from sglang_mxfp8.bench.rows import measurement

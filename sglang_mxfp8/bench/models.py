@@ -111,6 +111,15 @@ def generated(root: Path, layers: int, seed: int = 0) -> ServedPair:
     return ServedPair(bf16, mx, generated_name(layers), tokenizer=False)
 
 
+def user_model_name(path: Path) -> str:
+    """What rows call the user's checkpoint: its folder with its architecture and layers (a folder's name may say
+    neither)."""
+    cfg = json.loads((path / "config.json").read_text())
+    layers = (cfg.get("text_config") or cfg).get("num_hidden_layers")
+    about = [a for a in ((cfg.get("architectures") or [None])[0], f"{layers} layers" if layers else None) if a]
+    return f"{path.name} ({', '.join(about)})" if about else path.name
+
+
 def from_user(model: str, bf16_model: Optional[str], root: Path) -> ServedPair:
     """The user's checkpoint and its twin: a BF16 checkpoint is converted into ``root`` (once); an MXFP8 one needs
     ``bf16_model``, the checkpoint it was converted from."""
@@ -126,7 +135,7 @@ def from_user(model: str, bf16_model: Optional[str], root: Path) -> ServedPair:
                 f"--model {model} is MXFP8: pass the BF16 checkpoint it was converted from as --bf16-model "
                 "(every figure is MXFP8 against BF16 in the same run)"
             )
-        return ServedPair(Path(bf16_model), path, path.name, tokenizer)
+        return ServedPair(Path(bf16_model), path, user_model_name(path), tokenizer)
     from ..format.convert import MARKER, convert
 
     mx = Path(root) / f"{path.resolve().name}-mxfp8"
@@ -134,7 +143,7 @@ def from_user(model: str, bf16_model: Optional[str], root: Path) -> ServedPair:
     if not marker.is_file() or json.loads(marker.read_text()).get("source") != str(path.resolve()):
         print(f"bench: converting {model} to MXFP8 in {mx}", flush=True)
         convert(path, mx, force=True, device="cuda")
-    return ServedPair(path, mx, path.name, tokenizer)
+    return ServedPair(path, mx, user_model_name(path), tokenizer)
 
 
 def negated(mx: Path, out: Path) -> Path:
